@@ -1,0 +1,74 @@
+/**
+ * Leader election for Deno over PostgreSQL session-level advisory locks.
+ *
+ * Processes that share a lock key (key1, key2) compete; the one whose database session holds the
+ * advisory lock leads. When that session ends, PostgreSQL releases the lock and a follower waiting
+ * in PostgreSQL's lock queue takes over within milliseconds. A lease bounds how long a partitioned
+ * or frozen leader can believe it leads, and every term carries a fencing token.
+ *
+ * @example Run a singleton job
+ * ```ts ignore
+ * import { LeaderLock } from "@x/pgleaderlock";
+ *
+ * const controller = new AbortController();
+ * await using lock = new LeaderLock({
+ *   dsn: "postgres://app@db.internal/app",
+ *   key1: 5001,
+ *   key2: 1,
+ *   signal: controller.signal,
+ * });
+ * lock.addEventListener("acquired", (e) => console.log(`leading, token ${e.fencingToken}`));
+ * lock.addEventListener("lost", (e) => console.log(`lost leadership: ${e.reason}`));
+ * await lock.start();
+ * ```
+ *
+ * @module
+ */
+export {
+  type AcquireMode,
+  LeaderLock,
+  type LeaderLockOptions,
+  type ShutdownOptions,
+  type WaitForLeadershipOptions,
+} from "./src/leader_lock.ts";
+export type { LockState } from "./src/state.ts";
+export {
+  AcquiredEvent,
+  AcquireFailedEvent,
+  LeaderChangeEvent,
+  LeaderLockErrorEvent,
+  type LeaderLockEventMap,
+  LostEvent,
+  type LostReason,
+  ReleasedEvent,
+  StateChangeEvent,
+} from "./src/events.ts";
+export {
+  DecorrelatedJitter,
+  type DecorrelatedJitterOptions,
+  ExponentialBackoff,
+  type ExponentialBackoffOptions,
+  FixedInterval,
+  type FixedIntervalOptions,
+  type RetryContext,
+  type RetryStrategy,
+} from "./src/retry.ts";
+export { ConnectionError, LockError, PgLeaderLockError, ShutdownError } from "./src/errors.ts";
+export {
+  type ConnectionParams,
+  type DsnHost,
+  parseDsn,
+  redactDsn,
+  type SslMode,
+  type TargetSessionAttrs,
+} from "./src/dsn.ts";
+export type { PgClient } from "./src/pg_session.ts";
+export {
+  type AdvisoryLockInfo,
+  inspectLocks,
+  type InspectLocksOptions,
+  type SessionInfo,
+  whoLeads,
+  type WhoLeadsOptions,
+} from "./src/who_leads.ts";
+export type { ConnectionOptions } from "./src/connector.ts";

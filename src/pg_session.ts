@@ -1,0 +1,329 @@
+/**
+ * The npm:pg side of the driver boundary: one dedicated `PgClient` per LeaderLock.
+ *
+ * @module
+ */
+// No @types/pg: it pulls in @types/node, whose global Event and EventTarget types clash with
+// Deno's. The few members used are typed below instead.
+import pg from "pg";
+import type { ConnectionParams, DsnHost } from "./dsn.ts";
+import type { LockSession, Row } from "./session.ts";
+
+/**
+ * The part of an npm:pg `Client` this library uses: what a custom `connect` function returns.
+ * A `PgClient` from npm:pg 8 satisfies it.
+ */
+export interface PgClient {
+  /** Runs a statement. */
+  query(text: string, values?: unknown[]): Promise<{ rows: unknown[] }>;
+  /** Ends the connection. */
+  end(): Promise<void>;
+  /** Adds a listener ('error', 'end'). */
+  on(event: "error" | "end", listener: (error: Error) => void): unknown;
+  /** Removes a listener. */
+  off(event: "error" | "end", listener: (error: Error) => void): unknown;
+}
+
+interface PgClientConfig {
+  host: string;
+  port: number;
+  user?: string;
+  password?: string;
+  database?: string;
+  options?: string;
+  ssl: false | Record<string, unknown>;
+  connectionTimeoutMillis: number;
+  keepAlive: boolean;
+  keepAliveInitialDelayMillis: number;
+}
+
+const Client = pg.Client as unknown as new (
+  config: PgClientConfig,
+) => PgClient & { connect(): Promise<void> };
+
+/** How long a polite `end()` may take before the socket is destroyed, when the caller gives no bound. */
+const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
+
+/** Wraps a connected npm:pg client as a {@linkcode LockSession}. */
+export class PgSession implements LockSession {
+  readonly #client: PgClient;
+  #ended = false;
+  #resolveEnded!: (error: unknown) => void;
+  /** See {@linkcode LockSession.ended}. */
+  readonly ended: Promise<unknown> = new Promise((resolve) => this.#resolveEnded = resolve);
+
+  /**
+   * Takes ownership of a connected client: from now on its errors are reported through `ended`.
+   *
+   * @param client A connected client that nothing else uses.
+   */
+  constructor(client: PgClient) {
+    this.#client = client;
+    // Without an 'error' listener a killed backend crashes the Deno process (FACTS.md).
+    client.on("error", (error: Error) => this.#finish(error));
+    client.on("end", () => this.#finish(undefined));
+    // A client that already failed before we attached emits nothing more.
+    if (!isQueryable(client)) this.#finish(new Error("Client is not connected"));
+  }
+
+  /** See {@linkcode LockSession.backendPid}. */
+  get backendPid(): number {
+    return (this.#client as unknown as { processID: number | null }).processID ?? 0;
+  }
+
+  /** See {@linkcode LockSession.isEnded}. */
+  get isEnded(): boolean {
+    return this.#ended;
+  }
+
+  /** See {@linkcode LockSession.query}. */
+  async query(text: string, values: readonly unknown[] = []): Promise<Row[]> {
+    const result = await this.#client.query(text, values as unknown[]);
+    return result.rows as Row[];
+  }
+
+  /** See {@linkcode LockSession.end}. */
+  async end(timeoutMs: number): Promise<void> {
+    if (this.#ended) return;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      await Promise.race([
+        this.#client.end().catch(() => {}),
+        this.ended,
+        new Promise<void>((resolve) => {
+          timer = setTimeout(resolve, timeoutMs);
+        }),
+      ]);
+    } finally {
+      clearTimeout(timer);
+    }
+    if (!this.#ended) this.destroy();
+  }
+
+  /** See {@linkcode LockSession.destroy}. */
+  destroy(): void {
+    const stream = (this.#client as unknown as { connection?: { stream?: { destroy(): void } } })
+      .connection?.stream;
+    stream?.destroy();
+    this.#finish(undefined);
+  }
+
+  #finish(error: unknown): void {
+    if (this.#ended) return;
+    this.#ended = true;
+    this.#resolveEnded(error);
+  }
+}
+
+function isQueryable(client: PgClient): boolean {
+  const c = client as unknown as { _queryable?: boolean; _ending?: boolean; _ended?: boolean };
+  return c._queryable !== false && !c._ending && !c._ended;
+}
+
+/**
+ * Connects one npm:pg client to the first host of `params` that accepts it and matches
+ * `targetSessionAttrs`, trying the hosts in order as libpq does.
+ *
+ * @param params Parsed connection parameters.
+ * @param options The abort signal and the TCP keepalive delay to ask the client for.
+ * @returns The connected session.
+ */
+export async function connectPg(
+  params: ConnectionParams,
+  options: { signal: AbortSignal; keepAliveDelayMs: number },
+): Promise<PgSession> {
+  const { signal, keepAliveDelayMs } = options;
+  let lastError: unknown = new Error("No host to connect to");
+  for (const host of params.hosts) {
+    signal.throwIfAborted();
+    let session: PgSession;
+    try {
+      session = await connectOne(params, host, signal, keepAliveDelayMs);
+    } catch (error) {
+      if (signal.aborted) throw signal.reason;
+      if (isPermanentPgError(error)) throw error;
+      lastError = error;
+      continue;
+    }
+    if (await matchesTarget(session, params.targetSessionAttrs, signal)) return session;
+    session.destroy();
+    lastError = new Error(
+      `Server ${
+        describeHost(host)
+      } does not match target_session_attrs=${params.targetSessionAttrs}`,
+    );
+  }
+  // "prefer-standby" falls back to any server, as libpq does.
+  if (params.targetSessionAttrs === "prefer-standby") {
+    return await connectPg({ ...params, targetSessionAttrs: "any" }, options);
+  }
+  throw lastError;
+}
+
+async function connectOne(
+  params: ConnectionParams,
+  host: DsnHost,
+  signal: AbortSignal,
+  keepAliveDelayMs: number,
+): Promise<PgSession> {
+  const client = new Client({
+    host: host.host,
+    port: host.port,
+    ...(params.user !== undefined ? { user: params.user } : {}),
+    ...(params.password !== undefined ? { password: params.password } : {}),
+    ...(params.database !== undefined ? { database: params.database } : {}),
+    ...(params.options !== undefined ? { options: params.options } : {}),
+    ssl: sslConfig(params, host),
+    connectionTimeoutMillis: params.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS,
+    keepAlive: !host.host.startsWith("/"),
+    keepAliveInitialDelayMillis: keepAliveDelayMs,
+  });
+  // Errors before the session takes over must not crash the process either.
+  const onEarlyError = () => {};
+  client.on("error", onEarlyError);
+  const onAbort = () => {
+    (client as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream
+      ?.destroy();
+  };
+  signal.addEventListener("abort", onAbort, { once: true });
+  try {
+    await client.connect();
+  } catch (error) {
+    client.end().catch(() => {});
+    if (signal.aborted) throw signal.reason;
+    throw error;
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+  }
+  const session = new PgSession(client);
+  client.off("error", onEarlyError);
+  return session;
+}
+
+async function matchesTarget(
+  session: PgSession,
+  target: ConnectionParams["targetSessionAttrs"],
+  signal: AbortSignal,
+): Promise<boolean> {
+  if (target === "any") return true;
+  const onAbort = () => session.destroy();
+  signal.addEventListener("abort", onAbort, { once: true });
+  try {
+    const [row] = await session.query(
+      "SELECT pg_is_in_recovery() AS standby, current_setting('transaction_read_only') = 'on' AS read_only",
+    );
+    const standby = row?.standby === true;
+    const readOnly = row?.read_only === true;
+    switch (target) {
+      case "read-write":
+        return !readOnly;
+      case "read-only":
+        return readOnly;
+      case "primary":
+        return !standby;
+      case "standby":
+      case "prefer-standby":
+        return standby;
+      default:
+        return true;
+    }
+  } catch (error) {
+    session.destroy();
+    if (signal.aborted) throw signal.reason;
+    throw error;
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+  }
+}
+
+function sslConfig(params: ConnectionParams, host: DsnHost): PgClientConfig["ssl"] {
+  // npm:pg cannot fall back from TLS to plain text, so "allow" and "prefer" connect without TLS.
+  if (host.host.startsWith("/")) return false;
+  switch (params.sslmode) {
+    case "disable":
+    case "allow":
+    case "prefer":
+      return false;
+    case "require":
+      // libpq: with a root certificate present, "require" verifies the CA like "verify-ca".
+      if (params.sslrootcert === undefined) {
+        return { rejectUnauthorized: false, ...clientCert(params) };
+      }
+      return {
+        ca: Deno.readTextFileSync(params.sslrootcert),
+        checkServerIdentity: () => undefined,
+        ...clientCert(params),
+      };
+    case "verify-ca":
+      return {
+        ...rootCert(params),
+        checkServerIdentity: () => undefined,
+        ...clientCert(params),
+      };
+    default:
+      return { ...rootCert(params), ...clientCert(params) };
+  }
+}
+
+function rootCert(params: ConnectionParams): { ca?: string; rejectUnauthorized: true } {
+  return params.sslrootcert === undefined
+    ? { rejectUnauthorized: true }
+    : { ca: Deno.readTextFileSync(params.sslrootcert), rejectUnauthorized: true };
+}
+
+function clientCert(params: ConnectionParams): { cert?: string; key?: string } {
+  return {
+    ...(params.sslcert !== undefined ? { cert: Deno.readTextFileSync(params.sslcert) } : {}),
+    ...(params.sslkey !== undefined ? { key: Deno.readTextFileSync(params.sslkey) } : {}),
+  };
+}
+
+/** SQLSTATE classes that retrying the same connection cannot fix. */
+const PERMANENT_SQLSTATES = new Set([
+  "28000", // invalid_authorization_specification (pg_hba rejects)
+  "28P01", // invalid_password
+  "3D000", // invalid_catalog_name: unknown database
+  "42501", // insufficient_privilege (no CONNECT)
+  "08P01", // protocol_violation
+]);
+
+/**
+ * Whether a connection error cannot be fixed by retrying: authentication, unknown database,
+ * missing privilege, or a TLS certificate that fails verification.
+ *
+ * @param error The error from connecting.
+ * @returns `true` when retrying is pointless.
+ */
+export function isPermanentPgError(error: unknown): boolean {
+  const code = sqlState(error);
+  if (code !== undefined && PERMANENT_SQLSTATES.has(code)) return true;
+  const message = error instanceof Error ? error.message : "";
+  return /certificate|self[- ]signed|does not support SSL|SASL|password must be a string/i.test(
+    message,
+  );
+}
+
+/**
+ * The SQLSTATE of a server error, if `error` is one.
+ *
+ * @param error Any error.
+ * @returns The five-character code, or `undefined`.
+ */
+export function sqlState(error: unknown): string | undefined {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) ? code : undefined;
+}
+
+/**
+ * Describes a host for messages: `host:port`, or the socket directory.
+ *
+ * @param host The host.
+ * @returns A description without credentials.
+ */
+export function describeHost(host: DsnHost): string {
+  return host.host.startsWith("/")
+    ? `socket ${host.host}/.s.PGSQL.${host.port}`
+    : host.host.includes(":")
+    ? `[${host.host}]:${host.port}`
+    : `${host.host}:${host.port}`;
+}
