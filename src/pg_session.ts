@@ -3,8 +3,9 @@
  *
  * @module
  */
-// No @types/pg: it pulls in @types/node, whose global Event and EventTarget types clash with
-// Deno's. The few members used are typed below instead.
+// Not @types/pg: it pulls in @types/node, whose global Event and EventTarget types clash with
+// Deno's (for our users too). The few members used are declared in _pg.d.ts.
+// @ts-types="./_pg.d.ts"
 import pg from "pg";
 import type { ConnectionParams, DsnHost } from "./dsn.ts";
 import type { LockSession, Row } from "./session.ts";

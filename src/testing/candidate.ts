@@ -1,0 +1,114 @@
+/**
+ * A LeaderLock candidate to run as its own process in fault tests and benchmarks.
+ *
+ * It takes the LeaderLock options as JSON in its first argument (durations in ms; `retry` as
+ * `{ "kind": "fixed", "intervalMs": 100 }` or `{ "kind": "exponential", "baseMs": .., "maxMs": .. }`)
+ * and prints one JSON object per line on stdout for everything that happens:
+ *
+ * - `{"type":"ready","pid":..}` once the first session is open,
+ * - `{"type":"acquired","token":"..","backendPid":..,"t":..}`,
+ * - `{"type":"term-end","token":"..","t":..}` at the moment `isLeader` stopped being true
+ *   (sampled every millisecond while leading),
+ * - `{"type":"lost","reason":".."}`, `{"type":"released"}`, `{"type":"error","message":".."}`,
+ *   `{"type":"state","from":"..","to":".."}`, `{"type":"stopped"}`.
+ *
+ * `t` is milliseconds since the Unix epoch with sub-millisecond precision
+ * (`performance.timeOrigin + performance.now()`), one clock for every process on the machine.
+ * SIGTERM and SIGINT shut the lock down cleanly and exit 0.
+ *
+ * @module
+ */
+import { LeaderLock, type LeaderLockOptions } from "../leader_lock.ts";
+import { ExponentialBackoff, FixedInterval, type RetryStrategy } from "../retry.ts";
+
+/** The JSON a candidate takes as its first argument. */
+export interface CandidateConfig
+  extends Omit<LeaderLockOptions, "retryStrategy" | "signal" | "connect"> {
+  /** The retry strategy, as data. */
+  retry?:
+    | { kind: "fixed"; intervalMs: number }
+    | { kind: "exponential"; baseMs?: number; maxMs?: number };
+}
+
+/** Wall-clock milliseconds with sub-millisecond precision, comparable across processes. */
+export function now(): number {
+  return performance.timeOrigin + performance.now();
+}
+
+function emit(record: Record<string, unknown>): void {
+  console.log(JSON.stringify({ t: now(), pid: Deno.pid, ...record }));
+}
+
+function strategy(config: CandidateConfig["retry"]): RetryStrategy | undefined {
+  if (!config) return undefined;
+  return config.kind === "fixed"
+    ? new FixedInterval({ intervalMs: config.intervalMs })
+    : new ExponentialBackoff({
+      ...(config.baseMs !== undefined ? { baseMs: config.baseMs } : {}),
+      ...(config.maxMs !== undefined ? { maxMs: config.maxMs } : {}),
+    });
+}
+
+async function main(args: string[]): Promise<void> {
+  const { retry, ...options } = JSON.parse(args[0] ?? "{}") as CandidateConfig;
+  const retryStrategy = strategy(retry);
+  const controller = new AbortController();
+  const lock = new LeaderLock({
+    ...options,
+    ...(retryStrategy ? { retryStrategy } : {}),
+    signal: controller.signal,
+  });
+  let sampler: ReturnType<typeof setInterval> | undefined;
+  const endTerm = (token: bigint) => {
+    clearInterval(sampler);
+    sampler = undefined;
+    emit({ type: "term-end", token: String(token) });
+  };
+  let token: bigint | undefined;
+  lock.addEventListener("acquired", (e) => {
+    emit({ type: "acquired", token: String(e.fencingToken), backendPid: lock.backendPid });
+    token = e.fencingToken;
+    clearInterval(sampler);
+    sampler = setInterval(() => {
+      if (!lock.isLeader) endTerm(token!);
+    }, 1);
+  });
+  lock.addEventListener("lost", (e) => {
+    if (sampler !== undefined) endTerm(e.fencingToken);
+    emit({ type: "lost", reason: e.reason });
+  });
+  lock.addEventListener("released", (e) => {
+    if (sampler !== undefined) endTerm(e.fencingToken);
+    emit({ type: "released" });
+  });
+  lock.addEventListener("statechange", (e) => {
+    // Leaving "leader" is when isLeader went false, even before lost/released is dispatched.
+    if (e.from === "leader" && sampler !== undefined) endTerm(token!);
+    emit({ type: "state", from: e.from, to: e.to });
+  });
+  lock.addEventListener("error", (e) => {
+    emit({ type: "error", message: e.error instanceof Error ? e.error.message : String(e.error) });
+  });
+  const stop = () => controller.abort();
+  Deno.addSignalListener("SIGTERM", stop);
+  Deno.addSignalListener("SIGINT", stop);
+  const stopped = new Promise<void>((resolve) => {
+    lock.addEventListener("statechange", (e) => {
+      if (e.to === "stopped") resolve();
+    });
+  });
+  try {
+    await lock.start();
+    emit({ type: "ready", backendPid: lock.backendPid });
+  } catch (error) {
+    emit({ type: "error", message: error instanceof Error ? error.message : String(error) });
+  }
+  await stopped;
+  await lock.shutdown().catch(() => {});
+  clearInterval(sampler);
+  Deno.removeSignalListener("SIGTERM", stop);
+  Deno.removeSignalListener("SIGINT", stop);
+  emit({ type: "stopped" });
+}
+
+if (import.meta.main) await main(Deno.args);

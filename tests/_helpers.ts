@@ -1,0 +1,90 @@
+/**
+ * Shared helpers of the integration tests: fast-timing locks, event recording, polling waits.
+ *
+ * @module
+ */
+import { FixedInterval, LeaderLock, type LeaderLockOptions } from "../mod.ts";
+import type { TestPostgres } from "../testing.ts";
+
+let nextKey = Math.floor(Math.random() * 1_000_000);
+
+/** A key pair no other test uses. */
+export function freshKeys(): { key1: number; key2: number } {
+  return { key1: 7000, key2: nextKey++ };
+}
+
+/** Options with fast timings for tests: 200 ms health checks, 1 s lease, 50 ms retries. */
+export function fastOptions(
+  pg: TestPostgres,
+  keys: { key1: number; key2: number },
+  overrides: Partial<LeaderLockOptions> = {},
+): LeaderLockOptions {
+  return {
+    dsn: pg.dsn,
+    ...keys,
+    healthIntervalMs: 200,
+    leaseMs: 1000,
+    retryStrategy: new FixedInterval({ intervalMs: 50 }),
+    ...overrides,
+  };
+}
+
+/** One recorded event. */
+export interface Recorded {
+  readonly type: string;
+  readonly t: number;
+  readonly event: Event;
+}
+
+/** Records every event a lock dispatches, with the time. */
+export function record(lock: LeaderLock): Recorded[] {
+  const seen: Recorded[] = [];
+  for (const type of ["acquired", "released", "lost", "acquirefailed", "statechange", "error"]) {
+    lock.addEventListener(type, (event: Event) => {
+      seen.push({ type, t: performance.now(), event });
+    });
+  }
+  return seen;
+}
+
+/** Polls `predicate` every 2 ms until it holds; throws after `timeoutMs`. */
+export async function until(
+  predicate: () => boolean | Promise<boolean>,
+  timeoutMs = 10_000,
+  what = "condition",
+): Promise<void> {
+  const end = performance.now() + timeoutMs;
+  while (!(await predicate())) {
+    if (performance.now() > end) {
+      throw new Error(`Timed out after ${timeoutMs} ms waiting for ${what}`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 2));
+  }
+}
+
+/** Advisory locks currently granted on the server for (key1, key2). */
+export async function holders(
+  pg: TestPostgres,
+  keys: { key1: number; key2: number },
+): Promise<number[]> {
+  const rows = await pg.query(
+    `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+       AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2`,
+    [keys.key1, keys.key2],
+  );
+  return rows.map((r) => Number(r.pid));
+}
+
+/** Sessions of the given application_name still connected. */
+export async function sessionsOf(pg: TestPostgres, identity: string): Promise<number> {
+  const rows = await pg.query(
+    "SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = $1",
+    [identity],
+  );
+  return Number(rows[0]?.n ?? 0);
+}
+
+/** Shuts every lock down, ignoring errors. */
+export async function shutdownAll(locks: readonly LeaderLock[]): Promise<void> {
+  await Promise.all(locks.map((l) => l.shutdown().catch(() => {})));
+}
