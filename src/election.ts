@@ -103,6 +103,7 @@ export class Election {
   #stepDown: Deferred<void> | undefined;
   #stepDownRequested = new AbortController();
   #lastCheckSentAt = 0;
+  #lastCheckRttMs: number | undefined;
   /** The holder a follower last reported, to dispatch leaderchange only on a change. */
   #lastHolder: Holder | undefined;
   #lastSessionError: unknown;
@@ -140,6 +141,21 @@ export class Election {
   /** The backend pid of the current session (0 without one). */
   get backendPid(): number {
     return this.#session?.isEnded === false ? this.#protocol?.backendPid ?? 0 : 0;
+  }
+
+  /** Round trip of the last successful ownership check (or acquisition), in ms. */
+  get lastCheckRttMs(): number | undefined {
+    return this.#lastCheckRttMs;
+  }
+
+  /** Milliseconds since the last successful ownership proof was sent, while leader. */
+  get lastCheckAgeMs(): number | undefined {
+    return this.#state === "leader" ? this.#config.clock() - this.#lastCheckSentAt : undefined;
+  }
+
+  /** Milliseconds of lease left (0 when not leader). */
+  get leaseRemainingMs(): number {
+    return this.#state === "leader" ? this.#lease.remainingMs : 0;
   }
 
   /** Asks the loop to stop: a leader releases, everything open is closed. */
@@ -294,6 +310,7 @@ export class Election {
     this.#token = acquisition.token;
     this.#lease.renew(sentAt);
     this.#lastCheckSentAt = sentAt;
+    this.#lastCheckRttMs = undefined;
     this.#stepDownRequested = new AbortController();
     this.#setState("leader");
     this.#observer.acquired(acquisition.token!, false);
@@ -329,6 +346,7 @@ export class Election {
       if (!held) return this.#lose("not-held", undefined);
       this.#lease.renew(sentAt);
       this.#lastCheckSentAt = sentAt;
+      this.#lastCheckRttMs = clock() - sentAt;
     }
   }
 

@@ -301,6 +301,24 @@ export class LeaderLock extends SafeEventTarget implements AsyncDisposable {
     return this.#election?.fencingToken;
   }
 
+  /**
+   * Round trip of the last successful health check in milliseconds (`undefined` before the first
+   * check of a term).
+   */
+  get lastCheckRttMs(): number | undefined {
+    return this.#election?.lastCheckRttMs;
+  }
+
+  /** Milliseconds since the last successful ownership proof was sent, while leader; else `undefined`. */
+  get lastCheckAgeMs(): number | undefined {
+    return this.#election?.lastCheckAgeMs;
+  }
+
+  /** Milliseconds until the lease runs out, while leader; 0 otherwise. */
+  get leaseRemainingMs(): number {
+    return this.#election?.leaseRemainingMs ?? 0;
+  }
+
   /** The PostgreSQL backend pid of this lock's session, or 0 without one. */
   get backendPid(): number {
     return this.#election?.backendPid ?? 0;

@@ -267,7 +267,8 @@ function sslConfig(params: ConnectionParams, host: DsnHost): PgClientConfig["ssl
 }
 
 function rootCert(params: ConnectionParams): { ca?: string; rejectUnauthorized: true } {
-  return params.sslrootcert === undefined
+  // "system" (libpq 16+) means the system's trusted roots: Deno's default store.
+  return params.sslrootcert === undefined || params.sslrootcert === "system"
     ? { rejectUnauthorized: true }
     : { ca: Deno.readTextFileSync(params.sslrootcert), rejectUnauthorized: true };
 }

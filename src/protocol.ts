@@ -81,6 +81,17 @@ export async function setUp(
   return { serverVersion: Number(row?.version ?? 0), backendPid: Number(row?.pid ?? 0) };
 }
 
+/**
+ * The fencing token, taken in the statement that takes the lock: the server's timeline in the
+ * high bits and the transaction id (xid8, strictly increasing across the cluster) in the low 40.
+ * The timeline grows when a standby is promoted, so tokens stay increasing across a failover even
+ * though the new primary may hand out xids the old one had already used. Assumes fewer than 2^40
+ * transactions per timeline.
+ */
+const TOKEN =
+  `(((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) << 40)
+   | pg_current_xact_id()::text::bigint)::text`;
+
 /** "This backend holds (key1, key2)": the ownership proof used by health checks and after timeouts. */
 const HOLDS = `EXISTS (SELECT 1 FROM pg_locks
    WHERE locktype = 'advisory'
@@ -163,7 +174,7 @@ export async function tryLock(
   leaseMs: number,
 ): Promise<Acquisition> {
   const [row] = await session.query(
-    `SELECT ok, CASE WHEN ok THEN pg_current_xact_id()::text END AS token${leaseSetting(p, "ok")}${
+    `SELECT ok, CASE WHEN ok THEN ${TOKEN} END AS token${leaseSetting(p, "ok")}${
       holderColumns("ok")
     }
        FROM (SELECT pg_try_advisory_lock($1, $2) AS ok) s`,
@@ -195,7 +206,7 @@ export async function waitLock(
   leaseMs: number,
 ): Promise<Acquisition> {
   const [row] = await session.query(
-    `SELECT true AS ok, pg_current_xact_id()::text AS token${leaseSetting(p, "true")}
+    `SELECT true AS ok, ${TOKEN} AS token${leaseSetting(p, "true")}
        FROM (SELECT pg_advisory_lock($1, $2)) s`,
     [key1, key2, ...leaseParams(p, leaseMs)],
   );
@@ -221,9 +232,9 @@ export async function holdsWithToken(
   leaseMs: number,
 ): Promise<Acquisition> {
   const [row] = await session.query(
-    `SELECT held, CASE WHEN held THEN pg_current_xact_id()::text END AS token${
-      leaseSetting(p, "held")
-    }${holderColumns("held")}
+    `SELECT held, CASE WHEN held THEN ${TOKEN} END AS token${leaseSetting(p, "held")}${
+      holderColumns("held")
+    }
        FROM (SELECT ${HOLDS} AS held) s`,
     [key1, key2, ...leaseParams(p, leaseMs)],
   );

@@ -14,7 +14,7 @@
  *
  * `t` is milliseconds since the Unix epoch with sub-millisecond precision
  * (`performance.timeOrigin + performance.now()`), one clock for every process on the machine.
- * SIGTERM and SIGINT shut the lock down cleanly and exit 0.
+ * SIGTERM and SIGINT shut the lock down cleanly and exit 0; SIGUSR1 calls `stepDown()`.
  *
  * @module
  */
@@ -90,8 +90,13 @@ async function main(args: string[]): Promise<void> {
     emit({ type: "error", message: e.error instanceof Error ? e.error.message : String(e.error) });
   });
   const stop = () => controller.abort();
+  const stepDown = () => {
+    emit({ type: "stepdown-requested" });
+    lock.stepDown().catch((error) => emit({ type: "error", message: String(error) }));
+  };
   Deno.addSignalListener("SIGTERM", stop);
   Deno.addSignalListener("SIGINT", stop);
+  Deno.addSignalListener("SIGUSR1", stepDown);
   const stopped = new Promise<void>((resolve) => {
     lock.addEventListener("statechange", (e) => {
       if (e.to === "stopped") resolve();
@@ -108,6 +113,7 @@ async function main(args: string[]): Promise<void> {
   clearInterval(sampler);
   Deno.removeSignalListener("SIGTERM", stop);
   Deno.removeSignalListener("SIGINT", stop);
+  Deno.removeSignalListener("SIGUSR1", stepDown);
   emit({ type: "stopped" });
 }
 
