@@ -51,6 +51,7 @@ export {
   FixedInterval,
   type FixedIntervalOptions,
   type RetryContext,
+  type RetryLimitOptions,
   type RetryStrategy,
 } from "./src/retry.ts";
 export { ConnectionError, LockError, PgLeaderLockError, ShutdownError } from "./src/errors.ts";

@@ -1,59 +1,40 @@
 /**
- * An EventTarget whose listeners cannot crash the process: in Deno a listener that throws inside
+ * Wrappers that keep listeners from crashing the process: in Deno a listener that throws inside
  * `dispatchEvent` is an uncaught error that ends the process, and a rejected promise from an
- * async listener is an unhandled rejection. Both are caught here and handed to `onListenerError`.
+ * async listener is an unhandled rejection. Both are caught and handed to `onError`.
  *
  * @module
  */
 
 type Listener = EventListenerOrEventListenerObject;
 
-/** EventTarget that isolates its listeners' failures. */
-export abstract class SafeEventTarget extends EventTarget {
-  readonly #wrappers = new Map<string, WeakMap<Listener, EventListener>>();
+/** Maps each (type, capture, listener) to the one wrapper registered for it. */
+export class ListenerWrappers {
+  readonly #byKey = new Map<string, WeakMap<Listener, EventListener>>();
+  readonly #target: EventTarget;
+  readonly #onError: (error: unknown, event: Event) => void;
 
   /**
-   * Called when a listener throws or rejects.
+   * Creates the map.
    *
-   * @param error What it threw.
-   * @param event The event it was handling.
+   * @param target The `this` of function listeners.
+   * @param onError Called when a listener throws or rejects.
    */
-  protected abstract onListenerError(error: unknown, event: Event): void;
-
-  /**
-   * Adds a listener; see `EventTarget.addEventListener`.
-   *
-   * @param type The event type.
-   * @param listener The listener.
-   * @param options The usual options.
-   */
-  override addEventListener(
-    type: string,
-    listener: Listener | null,
-    options?: boolean | AddEventListenerOptions,
-  ): void {
-    if (listener === null) return;
-    super.addEventListener(type, this.#wrap(type, listener, options, true)!, options);
+  constructor(target: EventTarget, onError: (error: unknown, event: Event) => void) {
+    this.#target = target;
+    this.#onError = onError;
   }
 
   /**
-   * Removes a listener; see `EventTarget.removeEventListener`.
+   * The wrapper of `listener`, created on first use when `create` is true.
    *
    * @param type The event type.
    * @param listener The listener.
-   * @param options The usual options.
+   * @param options Its options (only `capture` matters for identity).
+   * @param create Whether to create a missing wrapper.
+   * @returns The wrapper, or `undefined`.
    */
-  override removeEventListener(
-    type: string,
-    listener: Listener | null,
-    options?: boolean | EventListenerOptions,
-  ): void {
-    if (listener === null) return;
-    const wrapped = this.#wrap(type, listener, options, false);
-    if (wrapped) super.removeEventListener(type, wrapped, options);
-  }
-
-  #wrap(
+  get(
     type: string,
     listener: Listener,
     options: boolean | EventListenerOptions | undefined,
@@ -61,30 +42,33 @@ export abstract class SafeEventTarget extends EventTarget {
   ): EventListener | undefined {
     const capture = typeof options === "boolean" ? options : options?.capture === true;
     const key = `${capture ? "c" : "b"}:${type}`;
-    let byListener = this.#wrappers.get(key);
+    let byListener = this.#byKey.get(key);
     if (!byListener) {
       if (!create) return undefined;
       byListener = new WeakMap();
-      this.#wrappers.set(key, byListener);
+      this.#byKey.set(key, byListener);
     }
     let wrapped = byListener.get(listener);
     if (!wrapped && create) {
-      // Typed loosely: npm:pg's types bring Node's own Event type, which clashes with Deno's.
-      const call = typeof listener === "function"
-        ? (event: unknown) => (listener as (this: unknown, e: unknown) => unknown).call(this, event)
-        : (event: unknown) => (listener as { handleEvent(e: unknown): unknown }).handleEvent(event);
-      wrapped = ((event: Event) => {
-        try {
-          const result: unknown = call(event);
-          if (result instanceof Promise) {
-            result.catch((error) => this.onListenerError(error, event));
-          }
-        } catch (error) {
-          this.onListenerError(error, event);
-        }
-      }) as unknown as EventListener;
-      byListener.set(listener, wrapped!);
+      wrapped = this.#wrap(listener);
+      byListener.set(listener, wrapped);
     }
     return wrapped;
+  }
+
+  #wrap(listener: Listener): EventListener {
+    // Typed loosely: npm:pg's types can bring Node's own Event type, which clashes with Deno's.
+    const call = typeof listener === "function"
+      ? (event: unknown) =>
+        (listener as (this: unknown, e: unknown) => unknown).call(this.#target, event)
+      : (event: unknown) => (listener as { handleEvent(e: unknown): unknown }).handleEvent(event);
+    return ((event: Event) => {
+      try {
+        const result: unknown = call(event);
+        if (result instanceof Promise) result.catch((error) => this.#onError(error, event));
+      } catch (error) {
+        this.#onError(error, event);
+      }
+    }) as unknown as EventListener;
   }
 }

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { SafeEventTarget } from "./_listeners.ts";
+import { ListenerWrappers } from "./_listeners.ts";
 import { type AcquireMode, Election, type ElectionObserver } from "./election.ts";
 import { type ConnectionOptions, makeConnector } from "./connector.ts";
 import { PgLeaderLockError, ShutdownError } from "./errors.ts";
@@ -148,7 +148,7 @@ const ACQUIRE_MODES: readonly AcquireMode[] = ["wait", "poll"];
  * }
  * ```
  */
-export class LeaderLock extends SafeEventTarget implements AsyncDisposable {
+export class LeaderLock extends EventTarget implements AsyncDisposable {
   /** First key of the advisory lock. */
   readonly key1: number;
   /** Second key of the advisory lock. */
@@ -176,6 +176,10 @@ export class LeaderLock extends SafeEventTarget implements AsyncDisposable {
   #running: Promise<void> | undefined;
   #started: Promise<void> | undefined;
   #shutdown: Promise<void> | undefined;
+  readonly #wrappers = new ListenerWrappers(
+    this,
+    (error, event) => this.#listenerFailed(error, event),
+  );
 
   /**
    * Creates a stopped lock. Validates every option; nothing connects until {@linkcode start}.
@@ -480,7 +484,8 @@ export class LeaderLock extends SafeEventTarget implements AsyncDisposable {
     listener: EventListenerOrEventListenerObject | null,
     options?: boolean | AddEventListenerOptions,
   ): void {
-    super.addEventListener(type, listener, options);
+    if (listener === null) return;
+    super.addEventListener(type, this.#wrappers.get(type, listener, options, true)!, options);
   }
 
   /**
@@ -512,16 +517,13 @@ export class LeaderLock extends SafeEventTarget implements AsyncDisposable {
     listener: EventListenerOrEventListenerObject | null,
     options?: boolean | EventListenerOptions,
   ): void {
-    super.removeEventListener(type, listener, options);
+    if (listener === null) return;
+    const wrapped = this.#wrappers.get(type, listener, options, false);
+    if (wrapped) super.removeEventListener(type, wrapped, options);
   }
 
-  /**
-   * Reports a listener's failure as an `error` event (or on the console, for an `error` listener).
-   *
-   * @param error What the listener threw.
-   * @param event The event it handled.
-   */
-  protected override onListenerError(error: unknown, event: Event): void {
+  /** Reports a listener's failure as an `error` event (or on the console, for an `error` listener). */
+  #listenerFailed(error: unknown, event: Event): void {
     if (event.type === "error") {
       console.error(`pgleaderlock: an 'error' listener threw:`, error);
       return;
