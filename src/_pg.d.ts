@@ -21,8 +21,8 @@ export class Client {
   connect(): Promise<void>;
   query(text: string, values?: unknown[]): Promise<{ rows: Record<string, unknown>[] }>;
   end(): Promise<void>;
-  on(event: string, listener: (...args: any[]) => void): this;
-  off(event: string, listener: (...args: any[]) => void): this;
+  on(event: string, listener: (...args: never[]) => void): this;
+  off(event: string, listener: (...args: never[]) => void): this;
   processID: number | null;
 }
 

@@ -3,7 +3,7 @@
  *
  * @module
  */
-import { FixedInterval, LeaderLock, type LeaderLockOptions } from "../mod.ts";
+import { FixedInterval, type LeaderLock, type LeaderLockOptions } from "../mod.ts";
 import type { TestPostgres } from "../testing.ts";
 
 let nextKey = Math.floor(Math.random() * 1_000_000);
