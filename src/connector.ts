@@ -30,6 +30,8 @@ export interface Connector {
   readonly connect: SessionConnector;
   /** `host:port/db`, or a note that a custom function connects. */
   readonly target: string;
+  /** The DSN's application_name, if it has one. */
+  readonly applicationName?: string | undefined;
 }
 
 /**
@@ -76,6 +78,7 @@ export function makeConnector(
   return {
     target: params.hosts.map(describeHost).join(",") +
       (params.database !== undefined ? `/${params.database}` : ""),
+    applicationName: params.applicationName,
     connect: (signal) => connectPg(params, { signal, keepAliveDelayMs }),
   };
 }

@@ -73,7 +73,8 @@ export interface LeaderLockOptions extends ConnectionOptions {
   /**
    * What other processes see of this candidate (PostgreSQL's application_name), at most 63 bytes.
    *
-   * @default {`${hostname}:${pid}`} (just `pid:${pid}` without permission to read the host name)
+   * @default {`${hostname}:${pid}`} (the DSN's application_name if it has one; just `pid:${pid}`
+   * without permission to read the host name)
    */
   identity?: string;
   /**
@@ -208,7 +209,6 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
       autoReacquire = true,
       signal,
       connect,
-      identity = defaultIdentity(),
       acquireMode = "wait",
       settleMs = 10,
     } = options;
@@ -258,6 +258,14 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
         }`,
       );
     }
+    const connector = makeConnector(
+      { ...(dsn !== undefined ? { dsn } : {}), ...(connect !== undefined ? { connect } : {}) },
+      "Cannot create LeaderLock",
+      Math.max(1000, Math.floor(leaseMs / 3)),
+    );
+    this.#connect = connector.connect;
+    this.#target = connector.target;
+    const { identity = connector.applicationName ?? defaultIdentity() } = options;
     this.identity = checkIdentity(identity);
     this.#options = {
       healthIntervalMs,
@@ -270,13 +278,6 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
       reconnectGraceMs,
     };
     this.#signal = signal;
-    const connector = makeConnector(
-      { ...(dsn !== undefined ? { dsn } : {}), ...(connect !== undefined ? { connect } : {}) },
-      "Cannot create LeaderLock",
-      Math.max(1000, Math.floor(leaseMs / 3)),
-    );
-    this.#connect = connector.connect;
-    this.#target = connector.target;
     signal?.addEventListener("abort", () => {
       this.shutdown().catch(() => {});
     }, { once: true });
@@ -421,7 +422,8 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
    * Waits until this process leads.
    *
    * @param options An abort signal and a timeout.
-   * @returns `true` once leader; `false` when the timeout passes or the lock stops first.
+   * @returns `true` once leader; `false` when the timeout passes or the lock stops first (also
+   * when it has stopped already). Before `start()` it waits for a start.
    * @throws {unknown} `signal.reason` when `signal` aborts first.
    */
   waitForLeadership(options: WaitForLeadershipOptions = {}): Promise<boolean> {
@@ -429,7 +431,8 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     if (!(timeoutMs === Infinity)) checkDuration("timeoutMs", timeoutMs, 0, "waitForLeadership");
     if (signal?.aborted) return Promise.reject(signal.reason);
     if (this.isLeader) return Promise.resolve(true);
-    if (!this.#running && this.#shutdown) return Promise.resolve(false);
+    // Started once and stopped since: it cannot lead without another start().
+    if (this.#election && !this.#running) return Promise.resolve(false);
     return new Promise<boolean>((resolve, reject) => {
       let timer: ReturnType<typeof setTimeout> | undefined;
       const finish = (value: boolean | { error: unknown }) => {
@@ -439,9 +442,9 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
         if (typeof value === "boolean") resolve(value);
         else reject(value.error);
       };
-      const onState = () => {
+      const onState = (event: StateChangeEvent) => {
         if (this.isLeader) finish(true);
-        else if (this.state === "stopped" && this.#shutdown) finish(false);
+        else if (event.to === "stopped") finish(false);
       };
       const onAbort = () => finish({ error: signal!.reason });
       this.addEventListener("statechange", onState);
