@@ -8,7 +8,7 @@
  */
 import { ABORTED, type Deferred, deferred, sleep, untilAborted, withDeadline } from "./_async.ts";
 import { RetrySeries } from "./_retry_series.ts";
-import { ConnectionError, LockError } from "./errors.ts";
+import { ConnectionError, LockError, PgLeaderLockError } from "./errors.ts";
 import type { LostReason } from "./events.ts";
 import { type Clock, Lease } from "./lease.ts";
 import { isPermanentPgError, sqlState } from "./pg_session.ts";
@@ -242,7 +242,14 @@ export class Election {
         for (;;) {
           if (!first) {
             const delay = this.#pollSeries.fail(undefined);
-            if (delay === null) return DONE;
+            if (delay === null) {
+              this.#observer.error(
+                new PgLeaderLockError(
+                  `Gave up acquiring lock (${this.#config.key1}, ${this.#config.key2}) after ${this.#pollSeries.attempt} attempts: the retry strategy returned null`,
+                ),
+              );
+              return DONE;
+            }
             this.#setState("follower");
             await sleep(delay, [this.#stop.signal, this.#sessionLost]);
             this.#throwIfLost();
