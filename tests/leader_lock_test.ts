@@ -3,12 +3,14 @@ import {
   type AcquiredEvent,
   ConnectionError,
   FixedInterval,
+  inspectLocks,
   LeaderLock,
   type LeaderLockErrorEvent,
   type LostEvent,
   PgLeaderLockError,
   ShutdownError,
   type StateChangeEvent,
+  whoLeads,
 } from "../mod.ts";
 import { startPostgres } from "../testing.ts";
 import {
@@ -321,6 +323,79 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
       await shutdownAll([a, b]);
     }
   });
+
+  await t.step(
+    "acquireMode poll takes over on the next try-lock after the leader leaves",
+    async () => {
+      const keys = freshKeys();
+      const a = new LeaderLock(fastOptions(pg, keys, { acquireMode: "poll" }));
+      const b = new LeaderLock(fastOptions(pg, keys, { acquireMode: "poll" }));
+      const failed: number[] = [];
+      b.addEventListener("acquirefailed", (e) => failed.push(e.attempt));
+      try {
+        await a.start();
+        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+        await b.start();
+        await until(() => failed.length >= 3, 2000, "three failed polls");
+        assertEquals(failed.slice(0, 3), [1, 2, 3]);
+        await a.shutdown();
+        assert(await b.waitForLeadership({ timeoutMs: 2000 }));
+      } finally {
+        await shutdownAll([a, b]);
+      }
+    },
+  );
+
+  await t.step("a follower reports the holder's identity in leaderchange", async () => {
+    const keys = freshKeys();
+    const a = new LeaderLock(fastOptions(pg, keys, { identity: "leader-a" }));
+    const b = new LeaderLock(fastOptions(pg, keys, { identity: "leader-b" }));
+    const c = new LeaderLock(fastOptions(pg, keys, { identity: "follower-c" }));
+    const seen: string[] = [];
+    c.addEventListener("leaderchange", (e) => seen.push(e.identity ?? "?"));
+    try {
+      await a.start();
+      assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+      await c.start();
+      await until(() => seen.length === 1, 2000, "the first leaderchange");
+      await b.start();
+      await until(() => b.state === "acquiring");
+      await a.shutdown();
+      // Either b or c takes over; if b does, c sees the change at its next wait window.
+      await until(() => b.isLeader || c.isLeader, 2000, "a new leader");
+      if (b.isLeader) await until(() => seen.length === 2, 2000, "the second leaderchange");
+      assertEquals(seen[0], "leader-a");
+      if (b.isLeader) assertEquals(seen[1], "leader-b");
+    } finally {
+      await shutdownAll([a, b, c]);
+    }
+  });
+
+  await t.step(
+    "whoLeads() and inspectLocks() show the holder and the waiting candidates",
+    async () => {
+      const keys = freshKeys();
+      const a = new LeaderLock(fastOptions(pg, keys, { identity: "holder-a" }));
+      const b = new LeaderLock(fastOptions(pg, keys, { identity: "waiter-b" }));
+      try {
+        await a.start();
+        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+        await b.start();
+        await until(() => b.state === "acquiring");
+        await new Promise((r) => setTimeout(r, 50));
+        const info = await whoLeads({ dsn: pg.dsn, ...keys });
+        assertEquals(info.holder?.identity, "holder-a");
+        assertEquals(info.holder?.pid, a.backendPid);
+        assertEquals(info.waiters.map((w) => w.identity), ["waiter-b"]);
+        const all = await inspectLocks({ dsn: pg.dsn });
+        assert(all.some((l) => l.key1 === keys.key1 && l.key2 === keys.key2 && l.holder));
+        await shutdownAll([a, b]);
+        assertEquals((await whoLeads({ dsn: pg.dsn, ...keys })).holder, undefined);
+      } finally {
+        await shutdownAll([a, b]);
+      }
+    },
+  );
 
   await t.step("a wrong password is one clear ConnectionError, not a retry storm", async () => {
     const a = new LeaderLock({
