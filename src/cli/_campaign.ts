@@ -1,0 +1,166 @@
+/**
+ * What `run` and `exec` share around their LeaderLock: creating it from the flags, logging its
+ * events, the `--http` endpoints, and stopping on SIGINT/SIGTERM.
+ *
+ * @module
+ */
+import { LeaderLock, type LeaderLockOptions } from "../leader_lock.ts";
+import { UsageError } from "./_args.ts";
+import { type HttpEndpoints, serveEndpoints } from "./_http.ts";
+import { type LockSettings, logLockEvents } from "./_lock_flags.ts";
+import { LockMetrics, type MetricFamily } from "./_metrics.ts";
+import { errorMessage, type Logger } from "./_output.ts";
+
+/** Options of {@linkcode Campaign.create}. */
+export interface CampaignOptions {
+  /** The subcommand, for messages. */
+  readonly command: string;
+  /** The shared flags. */
+  readonly settings: LockSettings;
+  /** Where events go. */
+  readonly logger: Logger;
+  /** LeaderLock options that the subcommand sets itself. @default none */
+  readonly overrides?: Partial<LeaderLockOptions>;
+  /** More metric families for `/metrics`. @default none */
+  readonly metrics?: () => MetricFamily[];
+}
+
+/** A LeaderLock with its logging, endpoints and a record of how it stopped. */
+export class Campaign implements AsyncDisposable {
+  /** The lock. */
+  readonly lock: LeaderLock;
+  /** Aborting it shuts the lock down (releasing the lock if held). */
+  readonly controller: AbortController = new AbortController();
+  /** Resolves when the lock reaches state `stopped` after it started. */
+  readonly stopped: Promise<void>;
+  /** The last error event, if any. */
+  lastError: unknown = undefined;
+  /** The last `lost` event's reason, if any. */
+  lastLost: string | undefined = undefined;
+  readonly #logger: Logger;
+  #http: HttpEndpoints | undefined;
+  #started = false;
+
+  private constructor(options: CampaignOptions) {
+    const { command, settings, logger, overrides = {} } = options;
+    this.#logger = logger;
+    try {
+      this.lock = new LeaderLock({
+        ...settings.options,
+        ...overrides,
+        signal: this.controller.signal,
+      });
+    } catch (error) {
+      if (error instanceof TypeError || error instanceof RangeError) {
+        throw new UsageError(
+          errorMessage(error).replace(/^Cannot create LeaderLock as /, ""),
+          command,
+        );
+      }
+      throw error;
+    }
+    logLockEvents(this.lock, logger);
+    this.lock.addEventListener("error", (e) => this.lastError = e.error);
+    this.lock.addEventListener("lost", (e) => this.lastLost = e.reason);
+    this.stopped = new Promise<void>((resolve) => {
+      this.lock.addEventListener("statechange", (e) => {
+        if (e.to === "stopped" && this.#started) resolve();
+      });
+    });
+  }
+
+  /**
+   * Creates the lock (stopped) and, with `--http`, starts the endpoints.
+   *
+   * @param options The subcommand, settings, logger and extras.
+   * @returns The campaign.
+   * @throws {UsageError} When the lock options are invalid.
+   * @throws {Error} When the endpoints cannot listen (the port is taken).
+   */
+  static create(options: CampaignOptions): Campaign {
+    const campaign = new Campaign(options);
+    const { settings, metrics: extra } = options;
+    if (settings.http !== undefined) {
+      const lockMetrics = new LockMetrics(campaign.lock);
+      campaign.#http = serveEndpoints(settings.http, {
+        lock: campaign.lock,
+        healthy: () => !campaign.#started || campaign.lock.state !== "stopped",
+        metrics: () => [...lockMetrics.families(), ...(extra?.() ?? [])],
+      });
+      options.logger.event("http", { url: campaign.#http.url });
+    }
+    return campaign;
+  }
+
+  /**
+   * Starts competing. Errors are logged, not thrown.
+   *
+   * @returns `true` once the first session is open; `false` when the lock could not connect.
+   */
+  async start(): Promise<boolean> {
+    this.#started = true;
+    try {
+      await this.lock.start();
+      this.#logger.event("connected", { backendPid: this.lock.backendPid });
+      return true;
+    } catch (error) {
+      if (this.controller.signal.aborted) return true;
+      this.lastError = error;
+      this.#logger.event("error", { message: errorMessage(error) });
+      return false;
+    }
+  }
+
+  /**
+   * Shuts the lock down (releasing it if held) and closes the endpoints. Safe to call twice.
+   *
+   * @param timeoutMs How long to wait for the release.
+   */
+  async close(timeoutMs = 10_000): Promise<void> {
+    this.controller.abort();
+    try {
+      await this.lock.shutdown({ timeoutMs });
+    } catch (error) {
+      this.#logger.event("error", { message: errorMessage(error) });
+    }
+    await this.#http?.close();
+  }
+
+  /** Calls {@linkcode close}. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
+  }
+}
+
+/** Signals that stop `run` and `exec`. */
+export const STOP_SIGNALS: readonly Deno.Signal[] = Deno.build.os === "windows"
+  ? ["SIGINT", "SIGBREAK"]
+  : ["SIGINT", "SIGTERM", "SIGHUP"];
+
+/**
+ * Listens for signals until disposed.
+ *
+ * @param signals The signals.
+ * @param listener Called with each signal received.
+ * @returns Removes the listeners when disposed.
+ */
+export function onSignals(
+  signals: readonly Deno.Signal[],
+  listener: (signal: Deno.Signal) => void,
+): Disposable {
+  const added: [Deno.Signal, () => void][] = [];
+  for (const signal of signals) {
+    const handler = () => listener(signal);
+    try {
+      Deno.addSignalListener(signal, handler);
+      added.push([signal, handler]);
+    } catch {
+      // Not supported on this system.
+    }
+  }
+  return {
+    [Symbol.dispose]() {
+      for (const [signal, handler] of added) Deno.removeSignalListener(signal, handler);
+    },
+  };
+}

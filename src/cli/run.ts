@@ -1,0 +1,90 @@
+/**
+ * `pgleaderlock run`: competes for the lock and logs every transition and event until SIGINT or
+ * SIGTERM, which release the lock and exit 0.
+ *
+ * @module
+ */
+import { parseArgs, UsageError } from "./_args.ts";
+import { Campaign, onSignals, STOP_SIGNALS } from "./_campaign.ts";
+import { LOCK_FLAGS, LOCK_FLAGS_HELP, lockSettings } from "./_lock_flags.ts";
+import { type CliIo, errorMessage, Logger } from "./_output.ts";
+
+/** Exit status when leadership was lost and `--no-auto-reacquire` stopped the campaign. */
+export const EXIT_LOST = 75;
+
+/** The help of `run`. */
+export const RUN_HELP = `Usage: pgleaderlock run --key1 K1 --key2 K2 [options]
+
+Competes for the advisory lock (K1, K2) and logs every transition and event, one line each.
+SIGINT or SIGTERM releases the lock and exits 0.
+
+${LOCK_FLAGS_HELP}
+
+Exit status: 0 after SIGINT/SIGTERM; 1 when connecting failed for good; 2 for a usage error;
+${EXIT_LOST} when leadership was lost with --no-auto-reacquire.
+
+Example:
+  PG_DSN=postgres://app@db/app pgleaderlock run --key1 5001 --key2 1 --http 127.0.0.1:9464
+`;
+
+/**
+ * Runs `pgleaderlock run`.
+ *
+ * @param args The arguments after `run`.
+ * @param io Where to write.
+ * @returns The exit status.
+ * @throws {UsageError} When the command line is wrong.
+ */
+export async function runCommand(args: readonly string[], io: CliIo): Promise<number> {
+  const { flags, rest } = parseArgs("run", args, LOCK_FLAGS);
+  if (flags.has("help")) {
+    io.stdout(RUN_HELP);
+    return 0;
+  }
+  if (rest.length > 0) throw new UsageError(`unexpected argument '${rest[0]}'`, "run");
+  const settings = lockSettings("run", flags);
+  const logger = new Logger({ json: settings.json, write: io.stdout, redactor: settings.redactor });
+
+  let campaign: Campaign;
+  try {
+    campaign = Campaign.create({ command: "run", settings, logger });
+  } catch (error) {
+    if (error instanceof UsageError) throw error;
+    logger.event("error", { message: `cannot serve --http: ${errorMessage(error)}` });
+    return 1;
+  }
+  const { lock } = campaign;
+  logger.event("starting", {
+    key1: lock.key1,
+    key2: lock.key2,
+    identity: lock.identity,
+    dsn: settings.dsnShown,
+    healthInterval: settings.healthIntervalMs / 1000,
+    lease: settings.leaseMs / 1000,
+    acquireMode: settings.options.acquireMode,
+    pid: Deno.pid,
+  });
+
+  let signalled = false;
+  let forced: () => void = () => {};
+  const forcedStop = new Promise<void>((resolve) => forced = resolve);
+  using _signals = onSignals(STOP_SIGNALS, (signal) => {
+    if (signalled) {
+      // A second signal: stop waiting for a clean release.
+      logger.event("signal", { signal, action: "forced stop" });
+      forced();
+      return;
+    }
+    signalled = true;
+    logger.event("signal", { signal, action: "releasing and stopping" });
+    campaign.controller.abort();
+  });
+
+  const connected = await campaign.start();
+  if (connected) await Promise.race([campaign.stopped, forcedStop]);
+  await Promise.race([campaign.close(), forcedStop.then(() => campaign.close(0))]);
+  logger.event("stopped", {});
+  if (signalled) return 0;
+  if (campaign.lastLost !== undefined && !settings.options.autoReacquire) return EXIT_LOST;
+  return 1;
+}
