@@ -9,18 +9,20 @@
  * also serves versions that are not installed: `startPostgres({ version: 14 })`.
  *
  * @example Freeze a server and watch a client-side timeout fire
- * ```ts ignore
+ * ```ts
  * import { startPostgres } from "@x/pgleaderlock/testing";
- * import pg from "npm:pg@^8.23.1";
- * import { assertRejects } from "node:assert/strict";
+ * import assert from "node:assert/strict";
+ * import pg from "pg";
  *
  * await using server = await startPostgres();
  * const client = new pg.Client({ connectionString: server.dsn, query_timeout: 200 });
  * client.on("error", () => {});
  * await client.connect();
- * await server.freeze();
- * await assertRejects(client.query("SELECT 1")); // the server answers nothing
+ *
+ * await server.freeze(); // SIGSTOP: the whole server answers nothing
+ * await assert.rejects(client.query("SELECT 1"), /timeout/);
  * await server.thaw();
+ * assert.deepEqual((await client.query("SELECT 1 AS one")).rows, [{ one: 1 }]);
  * await client.end();
  * ```
  *

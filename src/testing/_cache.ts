@@ -29,6 +29,29 @@ export async function ensurePublicDir(path: string): Promise<void> {
 }
 
 /**
+ * Creates a private work directory in `parent` (which it creates, public) named
+ * `<prefix><random>`, first removing such directories older than an hour: the leftovers of
+ * processes killed while building.
+ *
+ * @param parent The cache directory.
+ * @param prefix A hidden prefix such as ".download-".
+ * @returns The new work directory.
+ */
+export async function makeWorkDir(parent: string, prefix: string): Promise<string> {
+  await ensurePublicDir(parent);
+  const hourAgo = Date.now() - 3_600_000;
+  for await (const entry of Deno.readDir(parent)) {
+    if (!entry.name.startsWith(prefix)) continue;
+    const path = `${parent}/${entry.name}`;
+    const info = await Deno.lstat(path).catch(() => null);
+    if (info?.mtime && info.mtime.getTime() < hourAgo) {
+      await Deno.remove(path, { recursive: true }).catch(() => {});
+    }
+  }
+  return await Deno.makeTempDir({ dir: parent, prefix });
+}
+
+/**
  * Moves the freshly built `source` to `target` in one step; when another process got there
  * first (both built it at once), keeps theirs and removes `source`.
  *

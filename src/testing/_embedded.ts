@@ -1,5 +1,5 @@
 import { dirname, join, relative } from "node:path";
-import { cacheRoot, ensurePublicDir, exists, publishDir } from "./_cache.ts";
+import { cacheRoot, exists, makeWorkDir, publishDir } from "./_cache.ts";
 import { run } from "./_run.ts";
 
 /**
@@ -87,8 +87,7 @@ export async function embeddedInstallDir(major: number, signal?: AbortSignal): P
   const target = join(parent, `${pkg.slice(pkg.indexOf("/") + 1)}-${version}`);
   if (await exists(join(target, "bin", "postgres"))) return target;
 
-  await ensurePublicDir(parent);
-  const work = await Deno.makeTempDir({ dir: parent, prefix: ".download-" });
+  const work = await makeWorkDir(parent, ".download-");
   try {
     const packed = JSON.parse(
       await npm(

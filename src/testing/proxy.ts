@@ -25,6 +25,24 @@ export type ProxyMode = "pass" | "blackhole" | "drop";
  * The proxy's own kernel acknowledges the bytes it holds, so a blackhole stalls the
  * applications but not TCP: the client's `tcp_user_timeout` and keepalives do not fire, as they
  * would in a real partition. Deadlines that the client keeps itself do.
+ *
+ * @example Add latency to every round trip
+ * ```ts
+ * import { startPostgres, startTcpProxy } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
+ * import pg from "pg";
+ *
+ * await using server = await startPostgres();
+ * await using proxy = await startTcpProxy(server);
+ * const client = new pg.Client({ connectionString: server.dsnFor(proxy) });
+ * await client.connect();
+ * proxy.setLatency(50); // each way
+ * const started = performance.now();
+ * await client.query("SELECT 1");
+ * assert.ok(performance.now() - started >= 100);
+ * assert.equal(proxy.connections, 1);
+ * await client.end();
+ * ```
  */
 export interface TcpProxy extends AsyncDisposable {
   /** The address the proxy listens on: `"127.0.0.1"`. */
@@ -74,15 +92,25 @@ const HIGH_WATER_BYTES = 1 << 20;
  * with no latency.
  *
  * @example Cut a client off from PostgreSQL, then heal the network
- * ```ts ignore
+ * ```ts
  * import { startPostgres, startTcpProxy } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
+ * import pg from "pg";
  *
  * await using server = await startPostgres();
  * await using proxy = await startTcpProxy(server);
- * const dsn = server.dsnFor({ host: proxy.host, port: proxy.port });
- * // ... connect a client to dsn ...
- * proxy.setMode("blackhole"); // the client's queries hang, its socket stays open
+ * const client = new pg.Client({ connectionString: server.dsnFor(proxy) });
+ * client.on("error", () => {});
+ * await client.connect();
+ *
+ * proxy.setMode("blackhole"); // the query hangs, the socket stays open
+ * const query = client.query("SELECT 1 AS one");
+ * const timeout = new Promise((resolve) => setTimeout(resolve, 200, "still waiting"));
+ * assert.equal(await Promise.race([query, timeout]), "still waiting");
+ *
  * proxy.setMode("pass"); // the held bytes are delivered
+ * assert.deepEqual((await query).rows, [{ one: 1 }]);
+ * await client.end();
  * ```
  *
  * @param target The server's host and port (a {@linkcode TestPostgres} will do).

@@ -214,3 +214,17 @@ for (const version of [14, 18]) {
     assert.ok(String(row?.server_version).startsWith(`${version}.`), String(row?.server_version));
   });
 }
+
+Deno.test("startPostgres() takes its default version from $PGLEADERLOCK_PG_VERSION", async () => {
+  const saved = Deno.env.get("PGLEADERLOCK_PG_VERSION");
+  try {
+    Deno.env.set("PGLEADERLOCK_PG_VERSION", "14");
+    await using server = await startPostgres();
+    assert.equal(server.version, 14);
+    Deno.env.set("PGLEADERLOCK_PG_VERSION", "fourteen");
+    await assert.rejects(startPostgres(), RangeError);
+  } finally {
+    if (saved === undefined) Deno.env.delete("PGLEADERLOCK_PG_VERSION");
+    else Deno.env.set("PGLEADERLOCK_PG_VERSION", saved);
+  }
+});
