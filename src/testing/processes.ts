@@ -174,6 +174,13 @@ export function spawnDeno(script: string | URL, options: SpawnDenoOptions = {}):
   return new DenoProcessImpl(child, stdin);
 }
 
+/** A timer that can be cancelled so that it holds no test open. */
+function delay(ms: number): { promise: Promise<void>; cancel: () => void } {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const promise = new Promise<void>((resolve) => timer = setTimeout(resolve, ms));
+  return { promise, cancel: () => clearTimeout(timer) };
+}
+
 const queues = new WeakMap<DenoProcess, LineQueue>();
 
 /**
@@ -294,6 +301,7 @@ class DenoProcessImpl implements DenoProcess {
   #stdout = "";
   #stderr = "";
   #readers: Promise<void>;
+  #streams: ReadableStreamDefaultReader<string>[];
   #hasStdin: boolean;
   #disposing: Promise<void> | undefined;
 
@@ -317,9 +325,12 @@ class DenoProcessImpl implements DenoProcess {
         },
       }),
     };
+    const stdout = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    const stderr = child.stderr.pipeThrough(new TextDecoderStream()).getReader();
+    this.#streams = [stdout, stderr];
     this.#readers = Promise.all([
-      this.#readStdout(queue),
-      this.#readStderr(),
+      this.#readStdout(stdout, queue),
+      this.#readStderr(stderr),
     ]).then(() => {});
   }
 
@@ -327,24 +338,34 @@ class DenoProcessImpl implements DenoProcess {
     return this.#exited;
   }
 
-  async #readStdout(queue: LineQueue): Promise<void> {
+  async #readStdout(reader: ReadableStreamDefaultReader<string>, queue: LineQueue): Promise<void> {
     let partial = "";
     try {
-      for await (const text of this.#child.stdout.pipeThrough(new TextDecoderStream())) {
-        this.#stdout += text;
-        const parts = (partial + text).split("\n");
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        this.#stdout += value;
+        const parts = (partial + value).split("\n");
         partial = parts.pop() ?? "";
         for (const line of parts) queue.push(line.replace(/\r$/, ""));
       }
       if (partial !== "") queue.push(partial);
+    } catch {
+      // Cancelled by dispose.
     } finally {
       queue.end();
     }
   }
 
-  async #readStderr(): Promise<void> {
-    for await (const text of this.#child.stderr.pipeThrough(new TextDecoderStream())) {
-      this.#stderr += text;
+  async #readStderr(reader: ReadableStreamDefaultReader<string>): Promise<void> {
+    try {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        this.#stderr += value;
+      }
+    } catch {
+      // Cancelled by dispose.
     }
   }
 
@@ -391,6 +412,13 @@ class DenoProcessImpl implements DenoProcess {
       this.kill("SIGKILL");
       if (this.#hasStdin) await this.#child.stdin.close().catch(() => {});
       await this.status;
+      // A grandchild that inherited stdout or stderr would keep the pipes open: stop reading.
+      const timer = delay(1_000);
+      const timedOut = timer.promise.then(() => "timeout" as const);
+      if ((await Promise.race([this.#readers, timedOut])) === "timeout") {
+        await Promise.all(this.#streams.map((reader) => reader.cancel().catch(() => {})));
+      }
+      timer.cancel();
       await this.#readers;
     })();
     return this.#disposing;

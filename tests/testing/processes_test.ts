@@ -160,3 +160,20 @@ Deno.test("disposing of a DenoProcess SIGKILLs a running (even frozen) child and
 Deno.test("spawnDeno() rejects permissions that are not flags", () => {
   assert.throws(() => spawnDeno("x.ts", { permissions: ["allow-net"] }), TypeError);
 });
+
+Deno.test("disposing of a DenoProcess does not wait for a grandchild that holds its stdout", async () => {
+  const path = await script(`
+    new Deno.Command("sleep", { args: ["4"], stdout: "inherit", stderr: "inherit" }).spawn();
+    console.log("spawned");
+    setInterval(() => {}, 1000);
+  `);
+  try {
+    const child = spawnDeno(path);
+    await waitForLine(child, "spawned");
+    const started = performance.now();
+    await child[Symbol.asyncDispose]();
+    assert.ok(performance.now() - started < 5_000);
+  } finally {
+    await Deno.remove(path);
+  }
+});
