@@ -11,6 +11,8 @@ export interface ClientConfig {
   options?: string;
   ssl?: false | Record<string, unknown>;
   connectionTimeoutMillis?: number;
+  connectionString?: string;
+  query_timeout?: number;
   keepAlive?: boolean;
   keepAliveInitialDelayMillis?: number;
 }
