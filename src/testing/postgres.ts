@@ -355,8 +355,14 @@ function settingLine(name: string, value: unknown): string {
   );
 }
 
+/** A postgresql.conf string: the file's parser reads backslash escapes. */
 function quote(value: string): string {
   return `'${value.replaceAll("\\", "\\\\").replaceAll("'", "''")}'`;
+}
+
+/** An SQL string literal (standard_conforming_strings is on: backslashes are plain). */
+function sqlLiteral(value: string): string {
+  return `'${value.replaceAll("'", "''")}'`;
 }
 
 async function tail(path: string, lines = 30): Promise<string> {
@@ -579,7 +585,7 @@ class TestPostgresImpl implements TestPostgres {
         await Deno.writeTextFile(this.logFile, "");
       }
     }
-    await this.query(`ALTER ROLE postgres PASSWORD ${quote(this.password)}`);
+    await this.query(`ALTER ROLE postgres PASSWORD ${sqlLiteral(this.password)}`);
   }
 
   async #spawn(signal?: AbortSignal): Promise<void> {

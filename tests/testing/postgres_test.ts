@@ -36,11 +36,16 @@ async function exists(path: string): Promise<boolean> {
 
 Deno.test("startPostgres() serves the superuser over TCP with a password and over the unix socket", async () => {
   await using server = await startPostgres({
-    password: "s3cret:/@'x",
-    settings: { idle_session_timeout: "7s", log_connections: true, work_mem: 8192 },
+    password: "s3cret:/@'x\\y",
+    settings: {
+      idle_session_timeout: "7s",
+      log_connections: true,
+      work_mem: 8192,
+      application_name: "it's a \\ test",
+    },
   });
   assert.deepEqual(server.host, "127.0.0.1");
-  assert.deepEqual(server.password, "s3cret:/@'x");
+  assert.deepEqual(server.password, "s3cret:/@'x\\y");
   assert.ok(server.port > 0);
 
   const tcp = await connect({ connectionString: server.dsn });
@@ -57,6 +62,8 @@ Deno.test("startPostgres() serves the superuser over TCP with a password and ove
 
   const [admin] = await server.query("SELECT $1::int + 1 AS n", [41]);
   assert.deepEqual(admin?.n, 42);
+  const [app] = await server.query("SELECT current_setting('application_name') AS name");
+  assert.equal(app?.name, "it's a \\ test");
 });
 
 Deno.test("startPostgres() rejects a wrong password over TCP with 28P01", async () => {
