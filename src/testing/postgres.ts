@@ -390,7 +390,12 @@ if [ -f "$pidfile" ]; then
     if [ "$(ps -o comm= -p "$parent" 2>/dev/null)" = runuser ]; then kill -CONT "$parent"; fi
     kill -QUIT "$pid" 2>/dev/null
     i=0
-    while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    # Wait for it to exit; a zombie (Z) has exited, its new parent has not reaped it yet.
+    while [ "$i" -lt 100 ]; do
+      case "$(ps -o stat= -p "$pid" 2>/dev/null)" in "" | Z*) break ;; esac
+      sleep 0.05
+      i=$((i + 1))
+    done
     kill -KILL "$pid" $kids 2>/dev/null
   fi
 fi

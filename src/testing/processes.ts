@@ -11,7 +11,12 @@ export interface SpawnDenoOptions {
   args?: string[];
   /** Variables added to the inherited environment. @default {} */
   env?: Record<string, string>;
-  /** Permission flags for `deno run`. @default ["-A"] */
+  /**
+   * Permission flags for `deno run`, and any other flag it takes before the script, in the
+   * `--name=value` form (`--config=deno.json`, `--unstable-net`).
+   *
+   * @default ["-A"]
+   */
   permissions?: string[];
   /** The child's working directory. @default the current one */
   cwd?: string;

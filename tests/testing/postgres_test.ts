@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { PostgresStartError, startPostgres } from "../../testing.ts";
+import { PostgresStartError, spawnDeno, startPostgres, waitForLine } from "../../testing.ts";
 import { PgClient, type PgClientConfig } from "../../src/testing/_pg.ts";
 import { isAlive } from "../../src/testing/_process_tree.ts";
 
@@ -234,4 +234,27 @@ Deno.test("startPostgres() takes its default version from $PGLEADERLOCK_PG_VERSI
     if (saved === undefined) Deno.env.delete("PGLEADERLOCK_PG_VERSION");
     else Deno.env.set("PGLEADERLOCK_PG_VERSION", saved);
   }
+});
+
+Deno.test("a server whose owning process is SIGKILLed is stopped and removed by its watchdog", async () => {
+  const testing = new URL("../../testing.ts", import.meta.url).href;
+  const config = new URL("../../deno.json", import.meta.url).pathname;
+  const script = `import { startPostgres } from "${testing}";
+    const server = await startPostgres();
+    await server.freeze();
+    console.log(JSON.stringify({ pid: server.pid, dir: server.socketDir }));
+    setInterval(() => {}, 1000);`;
+  await using owner = spawnDeno(`data:text/javascript,${encodeURIComponent(script)}`, {
+    permissions: ["-A", `--config=${config}`],
+  });
+  const { pid, dir } = JSON.parse(await waitForLine(owner, "{", { timeoutMs: 30_000 }));
+  assert.ok(await exists(dir));
+  owner.kill("SIGKILL");
+  await owner.status;
+  const deadline = Date.now() + 10_000;
+  while ((await exists(dir) || await isAlive(pid)) && Date.now() < deadline) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  assert.equal(await isAlive(pid), false, "the frozen postmaster was stopped");
+  assert.equal(await exists(dir), false, "its directory was removed");
 });
