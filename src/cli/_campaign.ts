@@ -52,10 +52,8 @@ export class Campaign implements AsyncDisposable {
       });
     } catch (error) {
       if (error instanceof TypeError || error instanceof RangeError) {
-        throw new UsageError(
-          errorMessage(error).replace(/^Cannot create LeaderLock as /, ""),
-          command,
-        );
+        const message = errorMessage(error).replace(/^Cannot create LeaderLock as /, "");
+        throw new UsageError(message.replace(/^'identity'/, "option '--identity'"), command);
       }
       throw error;
     }

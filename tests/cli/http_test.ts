@@ -1,0 +1,137 @@
+import { deepEqual, equal, ok } from "node:assert/strict";
+// @ts-types="./_prometheus.d.ts"
+import parsePrometheus from "npm:parse-prometheus-text-format@1.1.1";
+import { startPostgres } from "../../testing.ts";
+import { cli, eventually, freshKeys, jsonLines, nextEvent, stderrEvent } from "./_cli.ts";
+
+const FAST = ["--health-interval", "0.2", "--lease", "1", "--retry-base", "0.05"];
+
+interface Metrics {
+  /** family name -> type */
+  types: Map<string, string>;
+  /** `name{label="value",...}` -> value */
+  values: Map<string, number>;
+}
+
+/** Fetches /metrics and reads it with a Prometheus text-format parser. */
+async function scrape(base: string): Promise<Metrics> {
+  const response = await fetch(`${base}/metrics`);
+  equal(response.status, 200);
+  ok(response.headers.get("content-type")?.startsWith("text/plain; version=0.0.4"));
+  const families = parsePrometheus(await response.text());
+  const types = new Map<string, string>();
+  const values = new Map<string, number>();
+  for (const family of families) {
+    ok(family.help !== "", `${family.name} has help`);
+    types.set(family.name, family.type);
+    for (const sample of family.metrics) {
+      ok(!("timestamp_ms" in sample), `${family.name}: one value per line`);
+      const value = Number(sample.value);
+      ok(Number.isFinite(value), `${family.name}: ${sample.value} is a number`);
+      const labels = Object.entries(sample.labels ?? {}).map(([k, v]) => `${k}="${v}"`).join(",");
+      values.set(labels === "" ? family.name : `${family.name}{${labels}}`, value);
+    }
+  }
+  return { types, values };
+}
+
+async function get(url: string): Promise<{ status: number; body: unknown }> {
+  const response = await fetch(url);
+  const text = await response.text();
+  return { status: response.status, body: text.startsWith("{") ? JSON.parse(text) : text };
+}
+
+Deno.test("--http serves /healthz, /leader and Prometheus /metrics for leader and follower", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  const common = ["--json", ...keys.args, ...FAST, "--http", "127.0.0.1:0", "--dsn", pg.dsn];
+  await using a = cli(["run", ...common, "--identity", "leader-a"]);
+  const aUrl = String((await nextEvent(a, "http")).url);
+  const acquired = await nextEvent(a, "acquired");
+  await using b = cli(["run", ...common, "--identity", "follower-b"]);
+  const bUrl = String((await nextEvent(b, "http")).url);
+  await nextEvent(b, "acquirefailed");
+
+  deepEqual(await get(`${aUrl}/healthz`), { status: 200, body: { ok: true, state: "leader" } });
+  deepEqual(await get(`${bUrl}/healthz`), { status: 200, body: { ok: true, state: "acquiring" } });
+  deepEqual(await get(`${aUrl}/leader`), {
+    status: 200,
+    body: { leader: true, state: "leader", token: acquired.token, identity: "leader-a" },
+  });
+  equal((await get(`${bUrl}/leader`)).status, 503);
+  equal((await get(`${aUrl}/nope`)).status, 404);
+  const post = await fetch(`${aUrl}/leader`, { method: "POST" });
+  await post.body?.cancel();
+  equal(post.status, 405);
+
+  // After a few health checks the leader reports their round trip.
+  const leader = await eventually(async () => {
+    const m = await scrape(aUrl);
+    return m.values.has("pgleaderlock_health_check_rtt_seconds") ? m : undefined;
+  }, "a health check's round trip in /metrics");
+  const v = leader.values;
+  equal(v.get("pgleaderlock_leader"), 1);
+  equal(v.get('pgleaderlock_state{state="leader"}'), 1);
+  equal(v.get('pgleaderlock_state{state="acquiring"}'), 0);
+  equal(v.get('pgleaderlock_transitions_total{kind="acquired"}'), 1);
+  equal(v.get('pgleaderlock_transitions_total{kind="lost"}'), 0);
+  equal(v.get("pgleaderlock_fencing_token"), Number(acquired.token));
+  equal(v.get(`pgleaderlock_info{key1="${keys.key1}",key2="${keys.key2}",identity="leader-a"}`), 1);
+  const rtt = v.get("pgleaderlock_health_check_rtt_seconds")!;
+  ok(rtt > 0 && rtt < 1, `rtt ${rtt}`);
+  const age = v.get("pgleaderlock_seconds_since_last_check")!;
+  ok(age >= 0 && age < 1, `age ${age}`);
+  ok(v.get("pgleaderlock_lease_remaining_seconds")! > 0);
+  equal(leader.types.get("pgleaderlock_transitions_total"), "COUNTER");
+  equal(leader.types.get("pgleaderlock_leader"), "GAUGE");
+
+  const follower = (await scrape(bUrl)).values;
+  equal(follower.get("pgleaderlock_leader"), 0);
+  equal(follower.get('pgleaderlock_state{state="acquiring"}'), 1);
+  equal(follower.get("pgleaderlock_fencing_token"), 0);
+  ok(follower.get("pgleaderlock_acquire_failures_total")! >= 1);
+  equal(follower.get("pgleaderlock_leader_changes_total"), 1);
+
+  // The leader's backend is terminated: the follower leads, the old leader counts a loss.
+  await pg.terminateBackend(Number(acquired.backendPid));
+  await nextEvent(b, "acquired");
+  await nextEvent(a, "lost");
+  equal((await get(`${bUrl}/leader`)).status, 200);
+  equal((await get(`${aUrl}/leader`)).status, 503);
+  const after = (await scrape(aUrl)).values;
+  equal(after.get('pgleaderlock_transitions_total{kind="lost"}'), 1);
+  equal(after.get('pgleaderlock_lost_total{reason="session-ended"}'), 1);
+  equal(after.get("pgleaderlock_leader"), 0);
+
+  a.kill("SIGTERM");
+  b.kill("SIGTERM");
+  equal((await a.status).code, 0);
+  equal((await b.status).code, 0);
+});
+
+Deno.test("exec --http also reports whether its command runs", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  await using a = cli([
+    "exec",
+    "--json",
+    ...keys.args,
+    ...FAST,
+    "--http",
+    "127.0.0.1:0",
+    "--dsn",
+    pg.dsn,
+    "--",
+    "sleep",
+    "30",
+  ]);
+  const url = String((await stderrEvent(a, (e) => e.event === "http", "the http line")).url);
+  await stderrEvent(a, (e) => e.event === "command-start", "the command to start");
+  const v = (await scrape(url)).values;
+  equal(v.get("pgleaderlock_command_running"), 1);
+  equal(v.get("pgleaderlock_command_starts_total"), 1);
+  a.kill("SIGTERM");
+  // sleep dies of the forwarded SIGTERM: 128 + 15.
+  equal((await a.status).code, 143);
+  ok(jsonLines(a.stderrText()).some((e) => e.event === "released"));
+});

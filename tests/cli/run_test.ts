@@ -1,0 +1,117 @@
+import { equal, match, ok } from "node:assert/strict";
+import { startPostgres, waitForLine } from "../../testing.ts";
+import { cli, freshKeys, nextEvent, RUN_PERMISSIONS } from "./_cli.ts";
+
+const FAST = [
+  "--health-interval",
+  "0.2",
+  "--lease",
+  "1",
+  "--retry-base",
+  "0.05",
+  "--retry-max",
+  "0.2",
+];
+
+Deno.test("two run processes: the leader is killed and the other takes over", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  // Exactly the permission set the README shows, not -A. One gets the DSN from --dsn, the other
+  // from PG_DSN; both have the password in it.
+  await using a = cli(
+    ["run", "--json", ...keys.args, ...FAST, "--identity", "a", "--dsn", pg.dsn],
+    {
+      permissions: RUN_PERMISSIONS,
+    },
+  );
+  const first = await nextEvent(a, "acquired");
+  await using b = cli(["run", ...keys.args, ...FAST, "--identity", "b"], {
+    permissions: RUN_PERMISSIONS,
+    env: { PG_DSN: pg.dsn },
+  });
+  // b logs human-readable lines; wait until it sees a leading.
+  await nextLine(b, / leaderchange pid=\d+ identity=a$/);
+
+  a.kill("SIGKILL");
+  const killedAt = Date.now();
+  const line = await nextLine(b, / acquired token=(\d+) /);
+  const took = Date.parse(line.slice(0, 24)) - killedAt;
+  ok(took < 1000, `b took over ${took} ms after the kill`);
+  ok(BigInt(/token=(\d+)/.exec(line)![1]!) > BigInt(String(first.token)), "a greater token");
+
+  b.kill("SIGTERM");
+  equal((await b.status).code, 0);
+  match(
+    b.stdoutText(),
+    / signal signal=SIGTERM action="releasing and stopping"\n.*statechange from=leader to=releasing\n.* released token=\d+\n/,
+  );
+  for (const output of [a.stdoutText(), a.stderrText(), b.stdoutText(), b.stderrText()]) {
+    ok(!output.includes(pg.password), "no output holds the password");
+  }
+  match(a.stdoutText(), /"dsn":"postgres:\/\/postgres:\*\*\*@127\.0\.0\.1:\d+\/postgres"/);
+  // Human-readable lines start with an ISO timestamp.
+  for (const text of b.stdoutText().trim().split("\n")) {
+    match(text, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z [a-z]+( |$)/);
+  }
+});
+
+Deno.test("run logs every event as one JSON object per line", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  await using a = cli(["run", "--json", ...keys.args, ...FAST, "--dsn", pg.dsn]);
+  await nextEvent(a, "acquired");
+  await using b = cli(["run", "--json", ...keys.args, ...FAST, "--dsn", pg.dsn]);
+  await nextEvent(b, "acquirefailed");
+  a.kill("SIGINT");
+  equal((await a.status).code, 0);
+  await nextEvent(b, "acquired");
+  b.kill("SIGTERM");
+  equal((await b.status).code, 0);
+  const events = (text: string) => text.trim().split("\n").map((line) => JSON.parse(line).event);
+  const seenA = events(a.stdoutText());
+  const seenB = events(b.stdoutText());
+  for (const event of ["starting", "statechange", "connected", "acquired", "released", "stopped"]) {
+    ok(seenA.includes(event), `a logged ${event}`);
+  }
+  for (const event of ["acquirefailed", "leaderchange", "acquired", "released"]) {
+    ok(seenB.includes(event), `b logged ${event}`);
+  }
+});
+
+Deno.test("run --no-auto-reacquire exits 75 after losing leadership", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  await using a = cli([
+    "run",
+    "--json",
+    ...keys.args,
+    ...FAST,
+    "--no-auto-reacquire",
+    "--dsn",
+    pg.dsn,
+  ]);
+  const acquired = await nextEvent(a, "acquired");
+  await pg.terminateBackend(Number(acquired.backendPid));
+  const lost = await nextEvent(a, "lost");
+  equal(lost.reason, "session-ended");
+  equal((await a.status).code, 75);
+});
+
+Deno.test("run exits 1 when it cannot connect for good", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  await using a = cli([
+    "run",
+    "--json",
+    ...keys.args,
+    "--dsn",
+    pg.dsnFor({ password: "wrong-password" }),
+  ]);
+  equal((await a.status).code, 1);
+  ok(!a.stdoutText().includes("wrong-password"));
+  match(a.stdoutText(), /"event":"error"/);
+});
+
+function nextLine(child: ReturnType<typeof cli>, pattern: RegExp): Promise<string> {
+  return waitForLine(child, pattern, { timeoutMs: 15_000 });
+}
