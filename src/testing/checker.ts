@@ -1,0 +1,486 @@
+/**
+ * The checker of leadership terms: it reads what candidate processes printed
+ * (`src/testing/candidate.ts`), rebuilds every term on the one clock they share, and fails on any
+ * moment two processes both believed they led, on fencing tokens that do not increase from term
+ * to term, on a frozen leader that acted as leader on resume, and on locks or sessions left on
+ * the server after shutdown.
+ *
+ * When a term ends:
+ * - at the candidate's `term-end` line: the first moment its 1 ms sampler (or a state change)
+ *   saw `isLeader === false`; or at its `lost`/`released`/`stopped` line if that came first;
+ * - at most at its lease deadline, when the candidate prints `lease` lines (`until`: the wall-clock
+ *   moment `isLeader` turns false unless renewed). A process frozen past its lease can print
+ *   nothing until it resumes, but `isLeader` compares a monotonic clock with that deadline, so
+ *   its term logically ended there;
+ * - for a process frozen past its lease without `lease` lines: at the moment it was frozen,
+ *   provided that the first thing it printed about leadership on resume was the end of that
+ *   term (a frozen process runs no code, so it cannot act as leader while frozen, and that check
+ *   proves it did not on resume). This is weaker than the lease deadline, and is reported;
+ * - for a SIGKILLed process: at the moment the signal was sent.
+ *
+ * @module
+ */
+
+/** One line a candidate printed, parsed. Unknown fields are kept. */
+export interface CandidateRecord {
+  /** `ready`, `acquired`, `lease`, `term-end`, `lost`, `released`, `state`, `error`, `stopped`. */
+  readonly type: string;
+  /** When it was printed: wall-clock ms with sub-ms precision, shared by all processes. */
+  readonly t: number;
+  /** The candidate's pid. */
+  readonly pid?: number;
+  /** The fencing token (`acquired`, `lease`, `term-end`), as a decimal string. */
+  readonly token?: string;
+  /** For `lease`: the wall-clock moment the lease runs out unless renewed. */
+  readonly until?: number;
+  /** For `lost`: why. */
+  readonly reason?: string;
+  /** For `acquired`: the backend pid of the leader's session. */
+  readonly backendPid?: number;
+  /** For `state`: the states. */
+  readonly from?: string;
+  /** For `state`: the states. */
+  readonly to?: string;
+  /** For `error`: the message. */
+  readonly message?: string;
+  /** When the harness read the line (its own clock of the same kind), if it recorded that. */
+  readonly receivedAt?: number;
+}
+
+/** A freeze (SIGSTOP) of a candidate process and its thaw (SIGCONT). */
+export interface FreezeInterval {
+  /** Wall-clock ms after the candidate was seen stopped. */
+  readonly from: number;
+  /** Wall-clock ms just before SIGCONT was sent (Infinity if never thawed). */
+  readonly to: number;
+}
+
+/** Everything known about one candidate process for the checker. */
+export interface CandidateLog {
+  /** A name for messages, such as `"c2"`. */
+  readonly name: string;
+  /** What it printed, in order. */
+  readonly records: readonly CandidateRecord[];
+  /** When the harness sent SIGKILL (wall-clock ms, taken after the kill returned), if it did. */
+  readonly killedAt?: number | undefined;
+  /** When the harness froze and thawed it. */
+  readonly freezes?: readonly FreezeInterval[] | undefined;
+  /** The candidate's `leaseMs`, to tell a freeze past the lease from a shorter one. */
+  readonly leaseMs?: number | undefined;
+}
+
+/** How a term's end was determined. */
+export type TermEndSource =
+  | "term-end"
+  | "lost"
+  | "released"
+  | "stopped"
+  | "lease"
+  | "freeze"
+  | "killed"
+  | "open";
+
+/** One leadership term as rebuilt by the checker. */
+export interface Term {
+  /** The candidate's name. */
+  readonly candidate: string;
+  /** The candidate's pid. */
+  readonly pid: number | undefined;
+  /** The fencing token. */
+  readonly token: bigint;
+  /** The `acquired` line's time. */
+  readonly start: number;
+  /** The last moment the process may have believed it led (Infinity while open). */
+  readonly end: number;
+  /** How `end` was found. */
+  readonly endSource: TermEndSource;
+  /** The last lease deadline it printed for this term, if it printed any. */
+  readonly leaseUntil: number | undefined;
+  /** The backend pid of the leader's session. */
+  readonly backendPid: number | undefined;
+}
+
+/** What the checker found wrong. */
+export interface Violation {
+  /** The kind of problem. */
+  readonly kind:
+    | "overlap"
+    | "token-order"
+    | "acted-after-freeze"
+    | "open-term"
+    | "malformed"
+    | "lock-left"
+    | "session-left"
+    | "clock-skew";
+  /** A sentence saying what and where. */
+  readonly message: string;
+}
+
+/** The checker's verdict. */
+export interface CheckReport {
+  /** Every term, by start. */
+  readonly terms: readonly Term[];
+  /** Everything wrong; empty when the run was correct. */
+  readonly violations: readonly Violation[];
+  /** The longest time two terms overlapped, in ms (0 when none did). */
+  readonly maxOverlapMs: number;
+  /** Notes on weaker reasoning used (a freeze without lease lines). */
+  readonly notes: readonly string[];
+  /**
+   * The most negative (receivedAt - t) seen, in ms: below 0 the processes' clocks disagree by
+   * at least that much. `undefined` when no record had `receivedAt`.
+   */
+  readonly clockSkewMs: number | undefined;
+}
+
+/** How much clock disagreement between processes is tolerated before it is a violation. */
+const CLOCK_SKEW_TOLERANCE_MS = 1;
+
+/**
+ * Parses the stdout of a candidate into records, skipping lines that are not JSON objects with
+ * a `type` and a numeric `t`.
+ *
+ * @param text The candidate's stdout.
+ * @returns The records, in order.
+ */
+export function parseCandidateOutput(text: string): CandidateRecord[] {
+  const records: CandidateRecord[] = [];
+  for (const line of text.split("\n")) {
+    const record = parseCandidateLine(line);
+    if (record !== undefined) records.push(record);
+  }
+  return records;
+}
+
+/**
+ * Parses one line a candidate printed.
+ *
+ * @param line The line.
+ * @param receivedAt When the harness read it, if known.
+ * @returns The record, or `undefined` when the line is not a candidate record.
+ */
+export function parseCandidateLine(
+  line: string,
+  receivedAt?: number,
+): CandidateRecord | undefined {
+  const trimmed = line.trim();
+  if (!trimmed.startsWith("{")) return undefined;
+  let value: unknown;
+  try {
+    value = JSON.parse(trimmed);
+  } catch {
+    return undefined;
+  }
+  if (typeof value !== "object" || value === null) return undefined;
+  const record = value as Record<string, unknown>;
+  if (typeof record.type !== "string" || typeof record.t !== "number") return undefined;
+  return receivedAt === undefined
+    ? record as unknown as CandidateRecord
+    : { ...record, receivedAt } as unknown as CandidateRecord;
+}
+
+/** A term being rebuilt. */
+interface OpenTerm {
+  token: bigint;
+  start: number;
+  backendPid: number | undefined;
+  leaseUntil: number | undefined;
+  /** Index of the acquired record. */
+  index: number;
+}
+
+/**
+ * Rebuilds the terms of every candidate and checks them: no two overlap, tokens increase from
+ * term to term, a process frozen past its lease printed the end of its term before anything
+ * else about leadership on resume, and the processes' clocks agree.
+ *
+ * @param logs One entry per candidate process.
+ * @returns The terms and the violations.
+ */
+export function checkTerms(logs: readonly CandidateLog[]): CheckReport {
+  const terms: Term[] = [];
+  const violations: Violation[] = [];
+  const notes: string[] = [];
+  let skew: number | undefined;
+  for (const log of logs) {
+    for (const record of log.records) {
+      if (record.receivedAt !== undefined) {
+        const d = record.receivedAt - record.t;
+        skew = skew === undefined ? d : Math.min(skew, d);
+      }
+    }
+    terms.push(...termsOf(log, violations, notes));
+  }
+  terms.sort((a, b) => a.start - b.start || a.end - b.end);
+  let maxOverlapMs = 0;
+  for (let i = 0; i < terms.length; i++) {
+    const a = terms[i]!;
+    for (let j = i + 1; j < terms.length && terms[j]!.start < a.end; j++) {
+      const b = terms[j]!;
+      const overlap = Math.min(a.end, b.end) - b.start;
+      if (overlap <= 0) continue;
+      maxOverlapMs = Math.max(maxOverlapMs, overlap);
+      violations.push({
+        kind: a.end === Infinity ? "open-term" : "overlap",
+        message: `${describeTerm(b)} began ${fmt(overlap)} ms before ${
+          describeTerm(a)
+        } ended (${a.endSource}${a.end === Infinity ? ": never ended" : ""})`,
+      });
+    }
+    const next = terms[i + 1];
+    if (next !== undefined && next.token <= a.token) {
+      violations.push({
+        kind: "token-order",
+        message: `${describeTerm(next)} has a token not greater than the earlier ${
+          describeTerm(a)
+        }`,
+      });
+    }
+  }
+  if (skew !== undefined && skew < -CLOCK_SKEW_TOLERANCE_MS) {
+    violations.push({
+      kind: "clock-skew",
+      message: `A line was read ${
+        fmt(-skew)
+      } ms before its own timestamp: the processes' clocks disagree, so times cannot be compared`,
+    });
+  }
+  return { terms, violations, maxOverlapMs, notes, clockSkewMs: skew };
+}
+
+function termsOf(log: CandidateLog, violations: Violation[], notes: string[]): Term[] {
+  const terms: Term[] = [];
+  const { records, name } = log;
+  const pid = records.find((r) => typeof r.pid === "number")?.pid;
+  let open: OpenTerm | undefined;
+  const close = (end: number, endSource: TermEndSource) => {
+    const term = open!;
+    open = undefined;
+    const leaseEnd = term.leaseUntil ?? Infinity;
+    const [finalEnd, source] = leaseEnd < end ? [leaseEnd, "lease" as const] : [end, endSource];
+    terms.push({
+      candidate: name,
+      pid,
+      token: term.token,
+      start: term.start,
+      end: finalEnd,
+      endSource: source,
+      leaseUntil: term.leaseUntil,
+      backendPid: term.backendPid,
+    });
+    return term;
+  };
+  for (let i = 0; i < records.length; i++) {
+    const record = records[i]!;
+    switch (record.type) {
+      case "acquired": {
+        const token = parseToken(record.token);
+        if (token === undefined) {
+          violations.push({
+            kind: "malformed",
+            message: `${name} printed an acquired line without a token`,
+          });
+          break;
+        }
+        if (open !== undefined) {
+          violations.push({
+            kind: "malformed",
+            message: `${name} acquired token ${token} while its term ${open.token} had not ended`,
+          });
+          close(record.t, "term-end");
+        }
+        open = {
+          token,
+          start: record.t,
+          backendPid: record.backendPid,
+          leaseUntil: undefined,
+          index: i,
+        };
+        break;
+      }
+      case "lease": {
+        const token = parseToken(record.token);
+        if (open === undefined || token !== open.token || typeof record.until !== "number") {
+          // A renewal after the term ended would resurrect a belief the candidate stopped
+          // tracking: the sampler is gone, so the checker cannot bound it.
+          if (token !== undefined && terms.some((term) => term.token === token)) {
+            violations.push({
+              kind: "malformed",
+              message: `${name} renewed the lease of term ${token} after that term ended`,
+            });
+          }
+          break;
+        }
+        open.leaseUntil = Math.max(open.leaseUntil ?? -Infinity, record.until);
+        break;
+      }
+      case "term-end":
+        if (open !== undefined) close(record.t, "term-end");
+        break;
+      case "lost":
+      case "released":
+      case "stopped":
+        if (open !== undefined) close(record.t, record.type);
+        break;
+      case "state":
+        if (open !== undefined && record.from === "leader") close(record.t, "term-end");
+        break;
+    }
+  }
+  if (open !== undefined) {
+    if (log.killedAt !== undefined && log.killedAt >= open.start) close(log.killedAt, "killed");
+    else close(Infinity, "open");
+  }
+  return applyFreezes(log, terms, violations, notes);
+}
+
+/**
+ * For each freeze longer than the lease during a term: the term must end on resume before the
+ * process does anything else as leader; without lease lines, the end is the freeze.
+ */
+function applyFreezes(
+  log: CandidateLog,
+  terms: Term[],
+  violations: Violation[],
+  notes: string[],
+): Term[] {
+  const { freezes = [], leaseMs, records, name } = log;
+  return terms.map((term) => {
+    let result = term;
+    for (const freeze of freezes) {
+      if (!(freeze.from > term.start && freeze.from < term.end)) continue;
+      // The lease deadline in force when it froze.
+      const deadline = records
+        .filter((r) =>
+          r.type === "lease" && r.t <= freeze.from && typeof r.until === "number" &&
+          parseToken(r.token) === term.token
+        )
+        .reduce((max, r) => Math.max(max, r.until!), -Infinity);
+      const pastLease = deadline !== -Infinity
+        ? freeze.to > deadline
+        : leaseMs !== undefined && freeze.to - freeze.from > leaseMs;
+      if (!pastLease) continue;
+      // On resume, the first line about leadership must end this term.
+      const first = records.find((r) =>
+        r.t >= freeze.to && LEADERSHIP_TYPES.has(r.type) &&
+        !(r.type === "state" && r.from !== "leader")
+      );
+      const endsTerm = first !== undefined &&
+        (first.type === "term-end" || first.type === "lost" ||
+          (first.type === "state" && first.from === "leader")) &&
+        (first.token === undefined || parseToken(first.token) === term.token);
+      if (!endsTerm && freeze.to !== Infinity) {
+        violations.push({
+          kind: "acted-after-freeze",
+          message: `${name} was frozen past its lease during term ${term.token}, and on resume ` +
+            `first printed ${first === undefined ? "nothing" : JSON.stringify(first.type)} ` +
+            `instead of the end of that term`,
+        });
+        continue;
+      }
+      if (term.leaseUntil === undefined && freeze.from < result.end) {
+        notes.push(
+          `${name}'s term ${term.token} was taken to end when the process was frozen ` +
+            `(no lease lines to give its lease deadline)`,
+        );
+        result = { ...result, end: freeze.from, endSource: "freeze" };
+      }
+    }
+    return result;
+  });
+}
+
+const LEADERSHIP_TYPES = new Set(["acquired", "lease", "term-end", "lost", "released", "state"]);
+
+function parseToken(token: unknown): bigint | undefined {
+  if (typeof token !== "string" || !/^-?\d+$/.test(token)) return undefined;
+  return BigInt(token);
+}
+
+function describeTerm(term: Term): string {
+  return `${term.candidate}'s term ${term.token}`;
+}
+
+function fmt(ms: number): string {
+  return ms === Infinity ? "∞" : ms.toFixed(1);
+}
+
+/** A way to run a query as a superuser: a {@linkcode TestPostgres} will do. */
+export interface QueryRunner {
+  /** Runs one statement. */
+  query(sql: string, params?: unknown[]): Promise<Record<string, unknown>[]>;
+}
+
+/** Options of {@linkcode checkServerClean}. */
+export interface CheckServerCleanOptions {
+  /** The lock's keys. */
+  readonly key1: number;
+  /** The lock's keys. */
+  readonly key2: number;
+  /** The candidates' application_name prefix: sessions whose name starts with it count. */
+  readonly identityPrefix: string;
+  /**
+   * How long sessions may take to go away (a SIGKILLed client is noticed within milliseconds,
+   * one behind a held proxy when the proxy closes).
+   *
+   * @default {10000}
+   */
+  readonly timeoutMs?: number;
+}
+
+/**
+ * Checks that no advisory lock (key1, key2) is held or awaited and no candidate session is left
+ * on the server, waiting up to `timeoutMs` for them to go away.
+ *
+ * @param server Where to look.
+ * @param options The keys and the candidates' identity prefix.
+ * @returns The violations (empty when clean).
+ */
+export async function checkServerClean(
+  server: QueryRunner,
+  options: CheckServerCleanOptions,
+): Promise<Violation[]> {
+  const { key1, key2, identityPrefix, timeoutMs = 10_000 } = options;
+  const deadline = performance.now() + timeoutMs;
+  for (;;) {
+    const [row] = await server.query(
+      `SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+                 AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2)::int AS locks,
+              (SELECT count(*) FROM pg_stat_activity
+                 WHERE starts_with(application_name, $3) AND pid <> pg_backend_pid())::int AS sessions`,
+      [key1, key2, identityPrefix],
+    );
+    const locks = Number(row?.locks ?? 0);
+    const sessions = Number(row?.sessions ?? 0);
+    if (locks === 0 && sessions === 0) return [];
+    if (performance.now() > deadline) {
+      const found: Violation[] = [];
+      if (locks > 0) {
+        found.push({
+          kind: "lock-left",
+          message:
+            `${locks} advisory lock entries (${key1}, ${key2}) left on the server ${timeoutMs} ms after shutdown`,
+        });
+      }
+      if (sessions > 0) {
+        found.push({
+          kind: "session-left",
+          message:
+            `${sessions} sessions named '${identityPrefix}*' left on the server ${timeoutMs} ms after shutdown`,
+        });
+      }
+      return found;
+    }
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+/**
+ * Formats violations for an assertion message.
+ *
+ * @param violations The violations.
+ * @returns One line per violation.
+ */
+export function formatViolations(violations: readonly Violation[]): string {
+  return violations.map((v) => `- [${v.kind}] ${v.message}`).join("\n");
+}
