@@ -139,7 +139,7 @@ export class LockMetrics {
         samples: rttMs === undefined ? [] : [{ value: rttMs / 1000 }],
       },
       {
-        name: "pgleaderlock_seconds_since_last_check",
+        name: "pgleaderlock_last_check_age_seconds",
         help: "Seconds since the last successful ownership check was sent (while leading).",
         type: "gauge",
         samples: ageMs === undefined ? [] : [{ value: ageMs / 1000 }],

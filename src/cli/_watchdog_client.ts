@@ -13,12 +13,10 @@ export class WatchdogClient {
   readonly fired: Promise<string>;
   /** Resolves when the watchdog process exits. */
   readonly exited: Promise<Deno.CommandStatus>;
-  readonly #child: Deno.ChildProcess;
   readonly #writer: WritableStreamDefaultWriter<Uint8Array>;
   #released: Promise<void> | undefined;
 
   private constructor(child: Deno.ChildProcess, ready: () => void) {
-    this.#child = child;
     this.#writer = child.stdin.getWriter();
     this.exited = child.status;
     let fired!: (reason: string) => void;
@@ -85,12 +83,14 @@ export class WatchdogClient {
     this.#send(`deadline ${Math.floor(deadlineMs)}\n`).catch(() => {});
   }
 
-  /** Disarms the watchdog and waits for it to exit. Safe to call twice. */
+  /**
+   * Disarms the watchdog, which then exits on its own (not waited for: nothing depends on when).
+   * Safe to call twice.
+   */
   release(): Promise<void> {
     this.#released ??= (async () => {
       await this.#send("release\n").catch(() => {});
       await this.#writer.close().catch(() => {});
-      await this.#child.status;
     })();
     return this.#released;
   }

@@ -10,10 +10,10 @@ import { startPostgres, type TestPostgres } from "../testing/postgres.ts";
 import { leaseMarginMs } from "../lease.ts";
 import { integer, parseArgs, UsageError } from "./_args.ts";
 import { onSignals, STOP_SIGNALS } from "./_campaign.ts";
-import { type CliIo, errorMessage } from "./_output.ts";
+import { type CliIo, errorMessage, Logger } from "./_output.ts";
 import { hasPdeathsig, withPdeathsig } from "./_pdeathsig.ts";
 
-const DEMO_FLAGS = { candidates: "value", help: "switch" } as const;
+const DEMO_FLAGS = { candidates: "value", json: "switch", help: "switch" } as const;
 
 /** The candidates' timing: short, so that the demo is quick; a lease of 3 s. */
 const HEALTH_S = 1;
@@ -26,7 +26,7 @@ const WAIT_MS = 20_000;
 const PAUSE_MS = 1000;
 
 /** The help of `demo`. */
-export const DEMO_HELP = `Usage: pgleaderlock demo [--candidates N]
+export const DEMO_HELP = `Usage: pgleaderlock demo [--candidates N] [--json]
 
 Starts a throwaway PostgreSQL (nothing to set up) and N candidates ('pgleaderlock run --json'
 processes competing for one lock, health check ${HEALTH_S} s, lease ${LEASE_S} s), then faults the
@@ -43,6 +43,8 @@ it should be 0). Everything is removed at the end, also on Ctrl-C. Takes about 2
 
 Options:
   --candidates N     How many candidates compete (2 to 10). Default: 3.
+  --json             One JSON object per line: {"event": "timeline", "elapsed", "message"}
+                     for the timeline, {"event": "result", "fault", "failoverMs", ...} per fault.
   -h, --help         Show this help.
 `;
 
@@ -88,10 +90,10 @@ export async function demoCommand(args: readonly string[], io: CliIo): Promise<n
   }
   if (rest.length > 0) throw new UsageError(`unexpected argument '${rest[0]}'`, "demo");
   const count = integer("demo", "candidates", flags.get("candidates") ?? "3", 2, 10);
-  const demo = new Demo(io, count);
+  const demo = new Demo(io, count, flags.has("json"));
   const interrupted = new AbortController();
   using _signals = onSignals(STOP_SIGNALS, () => {
-    if (!interrupted.signal.aborted) io.stdout("\nInterrupted: cleaning up...\n");
+    if (!interrupted.signal.aborted) demo.say("interrupted: cleaning up...");
     interrupted.abort(new Interrupted());
   });
   try {
@@ -120,6 +122,7 @@ function now(): number {
 class Demo {
   readonly #io: CliIo;
   readonly #count: number;
+  readonly #json: Logger | undefined;
   readonly #start = now();
   readonly #candidates: Candidate[] = [];
   readonly #waiters = new Set<() => void>();
@@ -128,28 +131,45 @@ class Demo {
   #next = 1;
   #signal: AbortSignal = new AbortController().signal;
 
-  constructor(io: CliIo, count: number) {
+  constructor(io: CliIo, count: number, json: boolean) {
     this.#io = io;
     this.#count = count;
+    this.#json = json ? new Logger({ json: true, write: io.stdout }) : undefined;
   }
 
-  #say(text: string): void {
-    const seconds = ((now() - this.#start) / 1000).toFixed(3).padStart(7);
-    this.#io.stdout(`+${seconds}s  ${text}\n`);
+  /** Prints a timeline line: the seconds since the demo started, then the text. */
+  say(text: string): void {
+    const elapsed = (now() - this.#start) / 1000;
+    if (this.#json) {
+      this.#json.event("timeline", { elapsed: Math.round(elapsed * 1000) / 1000, message: text });
+    } else {
+      this.#io.stdout(`+${elapsed.toFixed(3).padStart(7)}s  ${text}\n`);
+    }
+  }
+
+  /** Prints text that only the human-readable output has. */
+  #text(text: string): void {
+    if (!this.#json) this.#io.stdout(text);
   }
 
   async run(signal: AbortSignal): Promise<number> {
     this.#signal = signal;
-    const io = this.#io;
-    io.stdout(
+    this.#json?.event("demo", {
+      candidates: this.#count,
+      key1: KEY1,
+      key2: KEY2,
+      healthInterval: HEALTH_S,
+      lease: LEASE_S,
+    });
+    this.#text(
       `pgleaderlock demo: ${this.#count} candidates compete for lock (${KEY1}, ${KEY2}) on a ` +
         `throwaway PostgreSQL;\nthe leader is faulted four ways. Candidates: health check ` +
         `${HEALTH_S} s, lease ${LEASE_S} s.\n\n`,
     );
-    this.#say("starting a throwaway PostgreSQL...");
+    this.say("starting a throwaway PostgreSQL...");
     const started = now();
     this.#server = await startPostgres({ signal });
-    this.#say(
+    this.say(
       `PostgreSQL ${this.#server.version} is up on 127.0.0.1:${this.#server.port} ` +
         `(${Math.round(now() - started)} ms)`,
     );
@@ -171,14 +191,20 @@ class Demo {
     ];
     for (const [index, [title, inject]] of faults.entries()) {
       await this.#sleep(PAUSE_MS);
-      io.stdout(`\n--- fault ${index + 1}/${faults.length}: ${title} ---\n`);
-      const row = await inject(leader);
-      rows.push({ ...row, fault: title });
+      this.#text(`\n--- fault ${index + 1}/${faults.length}: ${title} ---\n`);
+      this.#json?.event("fault", { index: index + 1, title });
+      const row = { ...(await inject(leader)), fault: title };
+      rows.push(row);
+      this.#json?.event("result", {
+        ...row,
+        failoverMs: Math.round(row.failoverMs * 10) / 10,
+        overlapMs: Math.round(row.overlapMs * 10) / 10,
+      });
       leader = this.#candidates.find((c) => c.name === row.to) ?? leader;
     }
     await this.#sleep(300);
-    io.stdout(`\n${table(rows)}\n`);
-    io.stdout(
+    this.#text(`\n${table(rows)}\n`);
+    this.#text(
       "failover: from the fault to the next leader's 'acquired'.\n" +
         "overlap:  how long two processes both counted themselves leader (0 = never).\n" +
         "A crash or a killed session fails over within milliseconds: the next candidate waits\n" +
@@ -193,7 +219,7 @@ class Demo {
 
   async #kill(leader: Candidate): Promise<Omit<Row, "fault">> {
     const at = now();
-    this.#say(`${leader.name}: SIGKILL`);
+    this.say(`${leader.name}: SIGKILL`);
     this.#signalProcess(leader, "SIGKILL");
     const next = await this.#nextLeader(leader, at);
     this.#spawn();
@@ -203,7 +229,7 @@ class Demo {
 
   async #terminate(leader: Candidate): Promise<Omit<Row, "fault">> {
     const backendPid = Number(this.#last(leader, "acquired")?.backendPid);
-    this.#say(`${leader.name}: pg_terminate_backend(${backendPid})`);
+    this.say(`${leader.name}: pg_terminate_backend(${backendPid})`);
     // The server's clock (this machine's) at the termination, not before connecting to it.
     const [result] = await this.#server!.query(
       `SELECT pg_terminate_backend($1) AS ok,
@@ -218,7 +244,7 @@ class Demo {
 
   async #sigterm(leader: Candidate): Promise<Omit<Row, "fault">> {
     const at = now();
-    this.#say(`${leader.name}: SIGTERM`);
+    this.say(`${leader.name}: SIGTERM`);
     this.#signalProcess(leader, "SIGTERM");
     const next = await this.#nextLeader(leader, at);
     const end = await this.#leaderEnd(leader, at);
@@ -229,7 +255,7 @@ class Demo {
   async #freeze(leader: Candidate): Promise<Omit<Row, "fault">> {
     const backendPid = Number(this.#last(leader, "acquired")?.backendPid);
     const at = now();
-    this.#say(`${leader.name}: SIGSTOP (frozen for ${LEASE_S + 1} s)`);
+    this.say(`${leader.name}: SIGSTOP (frozen for ${LEASE_S + 1} s)`);
     this.#signalProcess(leader, "SIGSTOP");
     leader.frozen = true;
     // The frozen client's lease counts from a check it sent before its backend's last statement
@@ -241,14 +267,14 @@ class Demo {
     );
     const lastStatement = row?.state_change instanceof Date ? row.state_change.getTime() : at;
     const end = lastStatement + LEASE_S * 1000 - leaseMarginMs(LEASE_S * 1000);
-    this.#say(
+    this.say(
       `${leader.name}: its lease ends by +${
         ((end - this.#start) / 1000).toFixed(3)
       }s at the latest`,
     );
     const next = await this.#nextLeader(leader, at);
     await this.#sleep(Math.max(0, at + (LEASE_S + 1) * 1000 - now()));
-    this.#say(`${leader.name}: SIGCONT`);
+    this.say(`${leader.name}: SIGCONT`);
     this.#signalProcess(leader, "SIGCONT");
     leader.frozen = false;
     await this.#waitFor((c, e) => c === leader && e.event === "lost", `${leader.name} to notice`)
@@ -335,7 +361,7 @@ class Demo {
       stderr: "",
     };
     this.#candidates.push(candidate);
-    this.#say(`${name}: started (pid ${child.pid})`);
+    this.say(`${name}: started (pid ${child.pid})`);
     this.#read(candidate);
     child.status.then(() => {
       candidate.exited = true;
@@ -376,19 +402,19 @@ class Demo {
     const name = candidate.name;
     switch (e.event) {
       case "acquired":
-        this.#say(`${name}: acquired, token ${e.token}${e.regained ? " (regained)" : ""}`);
+        this.say(`${name}: acquired, token ${e.token}${e.regained ? " (regained)" : ""}`);
         break;
       case "lost":
-        this.#say(`${name}: lost leadership (${e.reason})`);
+        this.say(`${name}: lost leadership (${e.reason})`);
         break;
       case "released":
-        this.#say(`${name}: released the lock`);
+        this.say(`${name}: released the lock`);
         break;
       case "error":
-        this.#say(`${name}: error: ${e.message}`);
+        this.say(`${name}: error: ${e.message}`);
         break;
       case "stopped":
-        this.#say(`${name}: stopped`);
+        this.say(`${name}: stopped`);
         break;
     }
   }

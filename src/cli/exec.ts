@@ -103,6 +103,10 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     return 0;
   }
   const settings = lockSettings("exec", flags);
+  if (Deno.build.os === "windows") {
+    io.stderr("pgleaderlock exec: needs process groups and signals, which Windows does not have\n");
+    return 1;
+  }
   if (rest.length === 0 || rest[0] === "") {
     throw new UsageError("a command is required: exec [options] -- COMMAND [ARGS...]", "exec");
   }

@@ -79,7 +79,7 @@ Deno.test("--http serves /healthz, /leader and Prometheus /metrics for leader an
   equal(v.get(`pgleaderlock_info{key1="${keys.key1}",key2="${keys.key2}",identity="leader-a"}`), 1);
   const rtt = v.get("pgleaderlock_health_check_rtt_seconds")!;
   ok(rtt > 0 && rtt < 1, `rtt ${rtt}`);
-  const age = v.get("pgleaderlock_seconds_since_last_check")!;
+  const age = v.get("pgleaderlock_last_check_age_seconds")!;
   ok(age >= 0 && age < 1, `age ${age}`);
   ok(v.get("pgleaderlock_lease_remaining_seconds")! > 0);
   equal(leader.types.get("pgleaderlock_transitions_total"), "COUNTER");
