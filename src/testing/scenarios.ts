@@ -89,6 +89,13 @@ export interface FleetOptions {
    * @default {`plk-<random>`}
    */
   identityPrefix?: string;
+  /**
+   * A DSN every candidate uses as it is (a multi-host one, say) instead of a proxy of its own
+   * to `server`; the network faults (blackhole, blip) then cannot be injected.
+   *
+   * @default {one proxy per candidate}
+   */
+  dsn?: string;
 }
 
 /** Wall-clock milliseconds with sub-millisecond precision, the candidates' clock. */
@@ -230,6 +237,7 @@ export class Fleet implements AsyncDisposable {
   /** One proxy per slot. */
   readonly proxies: TcpProxy[];
   readonly #candidate: Partial<CandidateConfig>;
+  readonly #dsn: string | undefined;
   readonly #waiters = new Set<() => void>();
   #generation = new Map<number, number>();
   #closed: Promise<CheckReport & { serverViolations: Violation[] }> | undefined;
@@ -240,12 +248,14 @@ export class Fleet implements AsyncDisposable {
     identityPrefix: string,
     proxies: TcpProxy[],
     candidate: Partial<CandidateConfig>,
+    dsn: string | undefined,
   ) {
     this.server = server;
     this.keys = keys;
     this.identityPrefix = identityPrefix;
     this.proxies = proxies;
     this.#candidate = candidate;
+    this.#dsn = dsn;
   }
 
   /**
@@ -261,11 +271,12 @@ export class Fleet implements AsyncDisposable {
       keys = { key1: 7100, key2: Math.floor(Math.random() * 2 ** 31) },
       candidate = SCENARIO_TIMINGS,
       identityPrefix = `plk-${Math.random().toString(36).slice(2, 8)}`,
+      dsn,
     } = options;
-    const proxies = await Promise.all(
+    const proxies = dsn !== undefined ? [] : await Promise.all(
       Array.from({ length: size }, () => startTcpProxy({ host: server.host, port: server.port })),
     );
-    const fleet = new Fleet(server, keys, identityPrefix, proxies, candidate);
+    const fleet = new Fleet(server, keys, identityPrefix, proxies, candidate, dsn);
     try {
       for (let slot = 0; slot < size; slot++) fleet.spawn(slot);
       await fleet.settled();
@@ -286,10 +297,12 @@ export class Fleet implements AsyncDisposable {
     const generation = this.#generation.get(slot) ?? 0;
     this.#generation.set(slot, generation + 1);
     const name = generation === 0 ? `c${slot}` : `c${slot}.${generation}`;
-    const proxy = this.proxies[slot]!;
+    const proxy = this.proxies[slot];
     const config: CandidateConfig = {
       ...this.#candidate,
-      dsn: this.server.dsnFor({ host: proxy.host, port: proxy.port }),
+      dsn: proxy === undefined
+        ? this.#dsn ?? this.server.dsn
+        : this.server.dsnFor({ host: proxy.host, port: proxy.port }),
       ...this.keys,
       identity: `${this.identityPrefix}-${name}`,
     };
@@ -503,8 +516,14 @@ export async function injectFault(
   const leader = await fleet.settled();
   const target = options.target ?? leader;
   const term = leader.openTerm!;
-  const proxy = fleet.proxies[target.slot]!;
   const server = fleet.server;
+  const proxyOf = (member: Member): TcpProxy => {
+    const proxy = fleet.proxies[member.slot];
+    if (proxy === undefined) {
+      throw new RangeError(`Cannot inject '${fault}': the fleet's candidates have no proxies`);
+    }
+    return proxy;
+  };
   let at = wallNow();
   let healedAt: number | undefined;
   const newTerm = () => fleet.firstTermAfter(at);
@@ -557,7 +576,8 @@ export async function injectFault(
         );
       }
       break;
-    case "blackhole":
+    case "blackhole": {
+      const proxy = proxyOf(target);
       at = wallNow();
       proxy.setMode("blackhole");
       try {
@@ -568,8 +588,9 @@ export async function injectFault(
         proxy.setMode("pass");
       }
       break;
+    }
     case "blip": {
-      const cut = blipAll ? fleet.proxies : [proxy];
+      const cut = blipAll ? fleet.proxies : [proxyOf(target)];
       at = wallNow();
       for (const p of cut) p.setMode("drop");
       await sleep(blipMs);
