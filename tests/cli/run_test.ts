@@ -36,7 +36,7 @@ Deno.test("two run processes: the leader is killed and the other takes over", as
   const killedAt = Date.now();
   const line = await nextLine(b, / acquired token=(\d+) /);
   const took = Date.parse(line.slice(0, 24)) - killedAt;
-  ok(took < 1000, `b took over ${took} ms after the kill`);
+  ok(took < 3000, `b took over ${took} ms after the kill`);
   ok(BigInt(/token=(\d+)/.exec(line)![1]!) > BigInt(String(first.token)), "a greater token");
 
   b.kill("SIGTERM");
