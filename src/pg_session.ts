@@ -297,6 +297,10 @@ const PERMANENT_SQLSTATES = new Set([
  * @returns `true` when retrying is pointless.
  */
 export function isPermanentPgError(error: unknown): boolean {
+  // Deno refused the connection for lack of permission: retrying cannot grant it.
+  if (error instanceof Deno.errors.NotCapable || error instanceof Deno.errors.PermissionDenied) {
+    return true;
+  }
   const code = sqlState(error);
   if (code !== undefined && PERMANENT_SQLSTATES.has(code)) return true;
   const message = error instanceof Error ? error.message : "";
