@@ -1,0 +1,346 @@
+/**
+ * Candidate processes as the benchmark sees them: their terms, their state, and waits on a group.
+ *
+ * @module
+ */
+import { type DenoProcess, spawnDeno } from "../testing.ts";
+import type { BenchCandidateConfig } from "./candidate.ts";
+
+/** Wall-clock milliseconds on the clock the candidates print (`t`). */
+export function now(): number {
+  return performance.timeOrigin + performance.now();
+}
+
+/** One term of leadership of one candidate. */
+export interface Term {
+  readonly candidate: Candidate;
+  readonly token: bigint;
+  /** When the candidate announced it (`acquired` t). */
+  readonly start: number;
+  /** When the statement that took the lock returned, before `settleMs`. */
+  readonly grantedAt: number;
+  /** When the candidate saw `isLeader` go false (`term-end` t). */
+  observedEnd: number | undefined;
+  /** When the candidate was SIGKILLed while holding it. */
+  killedAt: number | undefined;
+  /** `sent` of the last statement that succeeded while leading (or of the acquiring one). */
+  lastRenewalSent: number;
+}
+
+/**
+ * The latest instant at which the term can have been in force: the earliest of the upper bounds
+ * we have (the observed end, the kill, and the lease counted from the last successful statement).
+ * `Infinity` while none is known.
+ */
+export function termEnd(term: Term): number {
+  const { frozenAt, leaseMs } = term.candidate;
+  const bounded = frozenAt !== undefined || term.killedAt !== undefined ||
+    term.observedEnd !== undefined;
+  return Math.min(
+    term.observedEnd ?? Infinity,
+    term.killedAt ?? Infinity,
+    bounded ? term.lastRenewalSent + leaseMs : Infinity,
+  );
+}
+
+/** A line a candidate printed, parsed. */
+export interface CandidateEvent {
+  readonly type: string;
+  readonly t: number;
+  readonly [key: string]: unknown;
+}
+
+/** One candidate process. */
+export class Candidate {
+  readonly name: string;
+  /** Which DSN (and proxy) of its group it uses. */
+  readonly slot: number;
+  readonly config: BenchCandidateConfig;
+  readonly process: DenoProcess;
+  readonly events: CandidateEvent[] = [];
+  readonly terms: Term[] = [];
+  readonly spawnedAt = now();
+  state = "stopped";
+  backendPid = 0;
+  /** Whether it failed an attempt since it last entered `acquiring`. */
+  failedSinceAcquiring = false;
+  /** When it last entered `acquiring`. */
+  acquiringSince = 0;
+  failedAttempts = 0;
+  ready = false;
+  frozenAt: number | undefined;
+  killedAt: number | undefined;
+  readonly done: Promise<void>;
+  readonly #onEvent: () => void;
+
+  constructor(name: string, slot: number, config: BenchCandidateConfig, onEvent: () => void) {
+    this.name = name;
+    this.slot = slot;
+    this.config = config;
+    this.#onEvent = onEvent;
+    this.process = spawnDeno(new URL("./candidate.ts", import.meta.url), {
+      args: [JSON.stringify(config)],
+    });
+    this.done = this.#read();
+  }
+
+  get leaseMs(): number {
+    return this.config.leaseMs ?? 3 * (this.config.healthIntervalMs ?? 5000);
+  }
+
+  get alive(): boolean {
+    return this.killedAt === undefined && !this.process.exited;
+  }
+
+  get isLeader(): boolean {
+    return this.state === "leader";
+  }
+
+  /**
+   * In wait mode: waiting in PostgreSQL's lock queue. A candidate in `acquiring` has either
+   * failed its try-lock (and queued), or re-entered the queue directly (after a step-down), or
+   * is still in its first try-lock, which takes a millisecond: 50 ms in the state tells.
+   */
+  get queued(): boolean {
+    return this.state === "acquiring" &&
+      (this.failedSinceAcquiring || now() - this.acquiringSince > 50);
+  }
+
+  /** The current (last) term if it has not ended. */
+  get openTerm(): Term | undefined {
+    const term = this.terms.at(-1);
+    return term && term.observedEnd === undefined && term.killedAt === undefined ? term : undefined;
+  }
+
+  async #read(): Promise<void> {
+    for await (const line of this.process.lines) {
+      let event: CandidateEvent;
+      try {
+        event = JSON.parse(line);
+      } catch {
+        continue;
+      }
+      this.events.push(event);
+      this.#apply(event);
+      this.#onEvent();
+    }
+    this.#onEvent();
+  }
+
+  #apply(event: CandidateEvent): void {
+    switch (event.type) {
+      case "ready":
+        this.ready = true;
+        this.backendPid = Number(event.backendPid);
+        break;
+      case "state":
+        this.state = String(event.to);
+        this.failedSinceAcquiring = false;
+        if (this.state === "acquiring") this.acquiringSince = event.t;
+        break;
+      case "acquire-failed":
+        this.failedSinceAcquiring = true;
+        this.failedAttempts++;
+        break;
+      case "acquired":
+        this.backendPid = Number(event.backendPid);
+        this.terms.push({
+          candidate: this,
+          token: BigInt(String(event.token)),
+          start: event.t,
+          grantedAt: Number(event.grantedAt),
+          observedEnd: undefined,
+          killedAt: undefined,
+          lastRenewalSent: Number(event.leaseFrom),
+        });
+        break;
+      case "renewed": {
+        const term = this.openTerm;
+        if (term) term.lastRenewalSent = Math.max(term.lastRenewalSent, Number(event.sent));
+        break;
+      }
+      case "term-end": {
+        const term = this.openTerm;
+        if (term) term.observedEnd = event.t;
+        break;
+      }
+    }
+  }
+
+  /** Sends a signal; SIGKILL also closes the open term at this instant. */
+  signal(signal: Deno.Signal): number {
+    const t = now();
+    if (signal === "SIGKILL") {
+      this.killedAt = t;
+      const term = this.openTerm;
+      if (term) term.killedAt = t;
+    }
+    if (signal === "SIGSTOP") this.frozenAt = t;
+    if (signal === "SIGCONT") this.frozenAt = undefined;
+    this.process.kill(signal);
+    return t;
+  }
+
+  /** The last lines of stderr, for error messages. */
+  stderrTail(lines = 15): string {
+    return this.process.stderrText().trimEnd().split("\n").slice(-lines).join("\n");
+  }
+
+  async dispose(): Promise<void> {
+    if (this.killedAt === undefined) this.signal("SIGKILL");
+    await this.process[Symbol.asyncDispose]();
+    await this.done;
+  }
+}
+
+/** Thrown when a wait on a group times out. */
+export class GroupTimeout extends Error {
+  constructor(what: string, timeoutMs: number, detail: string) {
+    super(`Timed out after ${timeoutMs} ms waiting for ${what}\n${detail}`);
+    this.name = "GroupTimeout";
+  }
+}
+
+/** A set of candidates competing for one lock. */
+export class Group {
+  readonly candidates: Candidate[] = [];
+  readonly #waiters = new Set<() => void>();
+  #next = 0;
+  readonly name: string;
+  readonly config: Omit<BenchCandidateConfig, "identity" | "dsn">;
+  readonly #dsnFor: (index: number) => string;
+
+  constructor(
+    name: string,
+    config: Omit<BenchCandidateConfig, "identity" | "dsn">,
+    dsnFor: (index: number) => string,
+  ) {
+    this.name = name;
+    this.config = config;
+    this.#dsnFor = dsnFor;
+  }
+
+  /** Starts one more candidate; `slot` picks its DSN (for per-candidate proxies). */
+  spawn(slot = this.candidates.length): Candidate {
+    const index = this.#next++;
+    const candidate = new Candidate(
+      `${this.name}-${index}`,
+      slot,
+      { ...this.config, dsn: this.#dsnFor(slot), identity: `bench:${this.name}-${index}` },
+      () => this.#notify(),
+    );
+    this.candidates.push(candidate);
+    return candidate;
+  }
+
+  get alive(): Candidate[] {
+    return this.candidates.filter((c) => c.alive);
+  }
+
+  get leaders(): Candidate[] {
+    return this.alive.filter((c) => c.isLeader && c.frozenAt === undefined);
+  }
+
+  /** Every term of every candidate, in order of start. */
+  get terms(): Term[] {
+    return this.candidates.flatMap((c) => c.terms).sort((a, b) => a.start - b.start);
+  }
+
+  /** One leader, every other live candidate competing (queued, or polling). */
+  get settled(): boolean {
+    const poll = this.config.acquireMode === "poll";
+    const competing = (c: Candidate) =>
+      c.ready && c.frozenAt === undefined &&
+      (poll
+        ? c.failedAttempts > 0 && (c.state === "follower" || c.state === "acquiring")
+        : c.queued);
+    return this.leaders.length === 1 && this.alive.every((c) => c.isLeader || competing(c));
+  }
+
+  #notify(): void {
+    for (const waiter of [...this.#waiters]) waiter();
+  }
+
+  /** Resolves when `predicate` holds, checked after every line any candidate prints. */
+  waitFor<T>(
+    what: string,
+    predicate: () => T | undefined | false,
+    timeoutMs: number,
+  ): Promise<T> {
+    const first = predicate();
+    if (first) return Promise.resolve(first);
+    return new Promise<T>((resolve, reject) => {
+      const check = () => {
+        let value: T | undefined | false;
+        try {
+          value = predicate();
+        } catch (error) {
+          finish();
+          reject(error);
+          return;
+        }
+        if (value) {
+          finish();
+          resolve(value);
+        }
+      };
+      const timer = setTimeout(() => {
+        finish();
+        reject(new GroupTimeout(what, timeoutMs, this.describe()));
+      }, timeoutMs);
+      // Process exits are not lines: look again now and then.
+      const poll = setInterval(check, 50);
+      const finish = () => {
+        clearTimeout(timer);
+        clearInterval(poll);
+        this.#waiters.delete(check);
+      };
+      this.#waiters.add(check);
+    });
+  }
+
+  /** The state of every candidate, for error messages. */
+  describe(): string {
+    return this.candidates.map((c) =>
+      `${c.name}: alive=${c.alive} state=${c.state} ready=${c.ready} queued=${c.queued}` +
+      ` frozen=${c.frozenAt !== undefined} last=${JSON.stringify(c.events.at(-1) ?? null)}` +
+      (c.process.exited ? `\n  stderr: ${c.stderrTail(5)}` : "")
+    ).join("\n");
+  }
+
+  async dispose(): Promise<void> {
+    await Promise.all(this.candidates.map((c) => c.dispose()));
+  }
+}
+
+/**
+ * Total time during which two or more of `terms` were in force, between `from` and `to`.
+ *
+ * @param terms Terms of leadership.
+ * @param from Start of the window.
+ * @param to End of the window.
+ * @returns Milliseconds with more than one leader.
+ */
+export function overlapMs(terms: Term[], from = -Infinity, to = Infinity): number {
+  const edges: [number, number][] = [];
+  for (const term of terms) {
+    const start = Math.max(term.start, from);
+    const end = Math.min(termEnd(term), to);
+    if (end > start) edges.push([start, 1], [end, -1]);
+  }
+  edges.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+  let active = 0;
+  let since = 0;
+  let total = 0;
+  for (const [t, delta] of edges) {
+    if (active >= 2) total += t - since;
+    active += delta;
+    since = t;
+  }
+  return total;
+}
+
+/** Resolves after `ms`. */
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, Math.max(0, ms)));
+}

@@ -1,0 +1,490 @@
+/**
+ * Failover trials: inject a fault into the leader of a group of candidate processes at a random
+ * point of its health-check cycle and time the next `acquired`.
+ *
+ * @module
+ */
+import { startTcpProxy, type TcpProxy, type TestPostgres } from "../testing.ts";
+import type { Admin } from "./_admin.ts";
+import { type Candidate, Group, now, overlapMs, sleep, type Term, termEnd } from "./_candidates.ts";
+import { cpuStallMs, round, summarize, type Summary } from "./_stats.ts";
+import type { BenchCandidateConfig } from "./candidate.ts";
+
+/** The faults, in the order they are reported. */
+export const FAULTS = [
+  "sigkill",
+  "backend-kill",
+  "sigterm",
+  "step-down",
+  "restart",
+  "blackhole",
+  "sigstop",
+] as const;
+/** A fault. */
+export type Fault = typeof FAULTS[number];
+
+/** Faults that the lease bounds: they need proxies (blackhole) and a short lease. */
+export const LEASE_FAULTS: readonly Fault[] = ["blackhole", "sigstop"];
+
+/** What each fault does, for the report. */
+export const FAULT_DESCRIPTIONS: Record<Fault, string> = {
+  "sigkill": "leader process SIGKILL",
+  "backend-kill": "pg_terminate_backend of the leader's session",
+  "sigterm": "leader process SIGTERM (graceful shutdown: unlock, exit)",
+  "step-down": "leader calls stepDown() (SIGUSR1 in the bench candidate)",
+  "restart": "PostgreSQL restart (pg_ctl stop -m fast, start)",
+  "blackhole": "TCP blackhole between the leader and PostgreSQL (proxy holds all bytes)",
+  "sigstop": "leader process SIGSTOP (frozen until a new leader is in)",
+};
+
+/** A candidate configuration under test. */
+export interface Profile {
+  /** `wait` or `poll`: the column it is reported under. */
+  readonly mode: "wait" | "poll";
+  /** Short name, unique. */
+  readonly name: string;
+  /** The candidates' options (without keys, DSN, identity). */
+  readonly config:
+    & Omit<BenchCandidateConfig, "dsn" | "identity" | "key1" | "key2">
+    & { readonly healthIntervalMs: number };
+  /** What the configuration is, for the report. */
+  readonly description: string;
+}
+
+/** The configurations of the run. */
+export const PROFILES = {
+  wait: {
+    mode: "wait",
+    name: "wait",
+    config: {
+      acquireMode: "wait",
+      healthIntervalMs: 5000,
+      retry: { kind: "fixed", intervalMs: 50 },
+    },
+    description:
+      'acquireMode "wait" with the library defaults (healthIntervalMs 5000, leaseMs 15000, waitWindowMs 5000, settleMs 10) and a fixed 50 ms reconnect retry (in wait mode the retry strategy only paces reconnects)',
+  },
+  waitLease: {
+    mode: "wait",
+    name: "wait-short-lease",
+    config: {
+      acquireMode: "wait",
+      healthIntervalMs: 500,
+      leaseMs: 2000,
+      retry: { kind: "fixed", intervalMs: 50 },
+    },
+    description:
+      'acquireMode "wait", short lease: healthIntervalMs 500, leaseMs 2000 (waitWindowMs 500), fixed 50 ms reconnect retry; each candidate reaches PostgreSQL through its own TCP proxy',
+  },
+  poll: {
+    mode: "poll",
+    name: "poll",
+    config: {
+      acquireMode: "poll",
+      healthIntervalMs: 5000,
+      retry: { kind: "exponential", baseMs: 1000, maxMs: 30_000 },
+    },
+    description:
+      'acquireMode "poll" with the Python library\'s defaults: try-lock with exponential backoff 1 s .. 30 s (also for reconnects), health check every 5 s (leaseMs 15000 by default)',
+  },
+  pollLease: {
+    mode: "poll",
+    name: "poll-short-lease",
+    config: {
+      acquireMode: "poll",
+      healthIntervalMs: 5000,
+      leaseMs: 10_000,
+      retry: { kind: "exponential", baseMs: 1000, maxMs: 30_000 },
+    },
+    description:
+      'acquireMode "poll", Python defaults (backoff 1 s .. 30 s, health check every 5 s) with the shortest lease they allow, leaseMs 10000 (twice the health interval); each candidate reaches PostgreSQL through its own TCP proxy',
+  },
+} as const satisfies Record<string, Profile>;
+
+/** What the trials share. */
+export interface FailoverEnv {
+  readonly server: TestPostgres;
+  readonly admin: Admin;
+  /** The database the candidates use. */
+  readonly database: string;
+  /** Progress output. */
+  readonly log: (line: string) => void;
+  /** A fresh second key for each group. */
+  nextKey2(): number;
+}
+
+/** One trial. */
+export interface TrialResult {
+  readonly trial: number;
+  /** When the fault was injected, after the leader's last health check was sent (ms). */
+  readonly phaseMs: number | null;
+  /** Fault injected -> the next `acquired` (ms), `null` if none came in time. */
+  readonly failoverMs: number | null;
+  /** Fault injected -> the statement that took the lock returned, before settleMs (ms). */
+  readonly grantMs: number | null;
+  /** Time with two leaders at once in this trial (ms). */
+  readonly overlapMs: number;
+  /** Whether the process that led before the fault led again. */
+  readonly sameLeader: boolean | null;
+  /** Whether the new fencing token is greater than the old one. */
+  readonly tokenIncreased: boolean | null;
+  /** Fault injected -> the old term's end as far as we can bound it (ms). */
+  readonly oldTermEndMs: number | null;
+  /**
+   * From the fault until the bench saw the new leader: how long some task waited for a CPU
+   * (Linux PSI, "some"): 0 on idle cores; large when other work competed for them.
+   */
+  readonly cpuStallMs: number | null;
+  /** For `restart`: how long the server was down (stop + start) (ms). */
+  readonly serverDownMs?: number;
+  /** Why the trial failed, if it did. */
+  readonly error?: string;
+}
+
+/** The trials of one fault under one profile. */
+export interface FaultResult {
+  readonly fault: Fault;
+  readonly mode: "wait" | "poll";
+  readonly profile: string;
+  readonly trials: TrialResult[];
+  /** Failover of the trials that had one. */
+  readonly failover: Summary;
+  /** Fault -> lock granted (before settleMs). */
+  readonly grant: Summary;
+  readonly overlapMaxMs: number;
+  /** Trials with any overlap. */
+  readonly overlapTrials: number;
+  /** Trials without a new leader in time. */
+  readonly failed: number;
+  /** Trials in which the old leader led again. */
+  readonly sameLeader: number;
+  /** Median of the trials' CPU stall (see {@linkcode TrialResult.cpuStallMs}). */
+  readonly cpuStallP50Ms: number | null;
+}
+
+/** How long to wait for a new leader after a fault. */
+function failoverTimeoutMs(profile: Profile, fault: Fault): number {
+  if (profile.mode === "poll") return 120_000;
+  const lease = profile.config.leaseMs ?? 3 * profile.config.healthIntervalMs;
+  return LEASE_FAULTS.includes(fault) ? lease + 10_000 : 15_000;
+}
+
+/** A group of three candidates of `profile`, through proxies when `proxied`. */
+async function makeGroup(
+  env: FailoverEnv,
+  profile: Profile,
+  size: number,
+  proxied: boolean,
+  label: string,
+): Promise<{ group: Group; proxies: TcpProxy[] }> {
+  const proxies: TcpProxy[] = [];
+  if (proxied) {
+    for (let i = 0; i < size; i++) proxies.push(await startTcpProxy(env.server));
+  }
+  const dsnFor = (slot: number) =>
+    env.server.dsnFor({
+      database: env.database,
+      ...(proxied ? { host: proxies[slot]!.host, port: proxies[slot]!.port } : {}),
+    });
+  const group = new Group(
+    label,
+    { ...profile.config, key1: 7001, key2: env.nextKey2() } as BenchCandidateConfig,
+    dsnFor,
+  );
+  for (let i = 0; i < size; i++) group.spawn(i);
+  return { group, proxies };
+}
+
+async function disposeGroup(group: Group, proxies: TcpProxy[]): Promise<void> {
+  await group.dispose();
+  await Promise.all(proxies.map((p) => p.close()));
+}
+
+/** Waits for one leader and every other candidate competing. */
+function settle(group: Group, timeoutMs: number): Promise<Candidate> {
+  return group.waitFor(
+    "one leader and every follower competing",
+    () => group.settled && group.leaders[0],
+    timeoutMs,
+  );
+}
+
+/**
+ * Runs one trial on a settled (or settling) group and leaves it settling again.
+ *
+ * @returns The trial's result.
+ */
+export async function trial(
+  env: FailoverEnv,
+  profile: Profile,
+  fault: Fault,
+  index: number,
+  group: Group,
+  proxies: TcpProxy[],
+  replace: boolean,
+): Promise<TrialResult> {
+  const settleTimeout = profile.mode === "poll" ? 60_000 : 30_000;
+  const healthMs = profile.config.healthIntervalMs;
+  let leader: Candidate;
+  let oldTerm: Term;
+  let windowFrom: number;
+  // Inject at a random point of the leader's health-check cycle, once everyone competes.
+  for (;;) {
+    leader = await settle(group, settleTimeout);
+    oldTerm = leader.openTerm!;
+    windowFrom = Math.max(now(), oldTerm.start);
+    const phase = Math.random() * healthMs;
+    let at = oldTerm.lastRenewalSent + phase;
+    const earliest = now() + 20;
+    if (at < earliest) at += Math.ceil((earliest - at) / healthMs) * healthMs;
+    await sleep(at - now());
+    if (group.settled && group.leaders[0] === leader && leader.openTerm === oldTerm) break;
+  }
+  if (fault === "backend-kill" || fault === "restart") await env.admin.connect();
+  const phaseMs = now() - oldTerm.lastRenewalSent;
+
+  let faultAt: number;
+  let serverDownMs: number | undefined;
+  const stallBefore = cpuStallMs();
+  switch (fault) {
+    case "sigkill":
+      faultAt = leader.signal("SIGKILL");
+      break;
+    case "sigterm":
+      faultAt = leader.signal("SIGTERM");
+      break;
+    case "step-down":
+      faultAt = leader.signal("SIGUSR1");
+      break;
+    case "sigstop":
+      faultAt = leader.signal("SIGSTOP");
+      break;
+    case "backend-kill":
+      faultAt = now();
+      await env.admin.query("SELECT pg_terminate_backend($1)", [leader.backendPid]);
+      break;
+    case "restart":
+      faultAt = now();
+      await env.server.restart({ mode: "fast" });
+      serverDownMs = round(now() - faultAt);
+      break;
+    case "blackhole":
+      faultAt = now();
+      proxies[leader.slot]!.setMode("blackhole");
+      break;
+  }
+
+  let newTerm: Term | undefined;
+  let error: string | undefined;
+  try {
+    newTerm = await group.waitFor(
+      "a new leader",
+      () => group.terms.find((t) => t.start > faultAt),
+      failoverTimeoutMs(profile, fault),
+    );
+  } catch (e) {
+    error = e instanceof Error ? e.message : String(e);
+  }
+  const stallAfter = cpuStallMs();
+  const cpuStall = stallBefore !== undefined && stallAfter !== undefined
+    ? round(stallAfter - stallBefore, 1)
+    : null;
+  // Undo the fault, and let the old term end where it ends by itself.
+  if (fault === "sigstop") leader.signal("SIGCONT");
+  const leaseMs = leader.leaseMs;
+  try {
+    await group.waitFor(
+      "the old term to end",
+      () => termEnd(oldTerm) < Infinity,
+      leaseMs + 5_000,
+    );
+  } catch (e) {
+    error ??= e instanceof Error ? e.message : String(e);
+  }
+  if (fault === "blackhole") proxies[leader.slot]!.setMode("pass");
+  if (replace && (fault === "sigkill" || fault === "sigterm")) group.spawn(leader.slot);
+
+  const overlap = overlapMs(group.terms, windowFrom);
+  return {
+    trial: index,
+    phaseMs: round(phaseMs),
+    failoverMs: newTerm ? round(newTerm.start - faultAt, 2) : null,
+    grantMs: newTerm ? round(newTerm.grantedAt - faultAt, 2) : null,
+    overlapMs: round(overlap, 2),
+    oldTermEndMs: termEnd(oldTerm) < Infinity ? round(termEnd(oldTerm) - faultAt, 2) : null,
+    cpuStallMs: cpuStall,
+    sameLeader: newTerm ? newTerm.candidate === leader : null,
+    tokenIncreased: newTerm ? newTerm.token > oldTerm.token : null,
+    ...(serverDownMs !== undefined ? { serverDownMs } : {}),
+    ...(error !== undefined ? { error } : {}),
+  };
+}
+
+export function summarizeFault(
+  fault: Fault,
+  profile: Profile,
+  trials: TrialResult[],
+): FaultResult {
+  const ok = trials.filter((t) => t.failoverMs !== null);
+  return {
+    fault,
+    mode: profile.mode,
+    profile: profile.name,
+    trials,
+    failover: summarize(ok.map((t) => t.failoverMs!)),
+    grant: summarize(ok.map((t) => t.grantMs!)),
+    overlapMaxMs: Math.max(0, ...trials.map((t) => t.overlapMs)),
+    overlapTrials: trials.filter((t) => t.overlapMs > 0).length,
+    failed: trials.length - ok.length,
+    sameLeader: trials.filter((t) => t.sameLeader === true).length,
+    cpuStallP50Ms: summarize(
+      trials.map((t) => t.cpuStallMs).filter((x): x is number => x !== null),
+    ).p50,
+  };
+}
+
+function describeTrial(profile: Profile, fault: Fault, r: TrialResult, n: number): string {
+  const what = r.failoverMs === null
+    ? `FAILED ${r.error?.split("\n")[0]}`
+    : `${r.failoverMs} ms (grant ${r.grantMs} ms)`;
+  return `[${profile.name}] ${fault} ${r.trial}/${n}: ${what}, old term ended at ${r.oldTermEndMs} ms, overlap ${r.overlapMs} ms, phase ${r.phaseMs} ms${
+    r.sameLeader ? ", same leader" : ""
+  }, cpu stall ${r.cpuStallMs} ms${
+    r.serverDownMs !== undefined ? `, server down ${r.serverDownMs} ms` : ""
+  }`;
+}
+
+/**
+ * Runs `trials` trials of each fault on one long-lived group of three candidates (wait mode:
+ * killed candidates are replaced, the others keep running, as in a fleet).
+ *
+ * @returns One result per fault, and the overlap over the group's whole life.
+ */
+export async function runSequential(
+  env: FailoverEnv,
+  profile: Profile,
+  faults: readonly Fault[],
+  trials: number,
+): Promise<{ results: FaultResult[]; overlapTotalMs: number }> {
+  const proxied = faults.some((f) => f === "blackhole");
+  let { group, proxies } = await makeGroup(env, profile, 3, proxied, profile.name);
+  const groups = [group];
+  const results: FaultResult[] = [];
+  try {
+    for (const fault of faults) {
+      const done: TrialResult[] = [];
+      for (let i = 1; i <= trials; i++) {
+        let r: TrialResult;
+        try {
+          r = await trial(env, profile, fault, i, group, proxies, true);
+        } catch (e) {
+          r = {
+            trial: i,
+            phaseMs: null,
+            failoverMs: null,
+            grantMs: null,
+            overlapMs: 0,
+            oldTermEndMs: null,
+            cpuStallMs: null,
+            sameLeader: null,
+            tokenIncreased: null,
+            error: e instanceof Error ? e.message : String(e),
+          };
+        }
+        done.push(r);
+        env.log(describeTrial(profile, fault, r, trials));
+        if (r.error !== undefined) {
+          // Start over with a fresh group rather than measure a broken one.
+          await disposeGroup(group, proxies);
+          ({ group, proxies } = await makeGroup(env, profile, 3, proxied, profile.name));
+          groups.push(group);
+        }
+      }
+      results.push(summarizeFault(fault, profile, done));
+    }
+  } finally {
+    await disposeGroup(group, proxies);
+  }
+  const overlapTotalMs = groups.reduce((sum, g) => sum + overlapMs(g.terms), 0);
+  return { results, overlapTotalMs: round(overlapTotalMs, 2) };
+}
+
+/** Trials of some faults under one profile. */
+export interface FreshJob {
+  readonly profile: Profile;
+  readonly faults: readonly Fault[];
+  readonly trials: number;
+}
+
+/**
+ * Runs each trial on a fresh group of three candidates (poll mode: followers' backoff grows
+ * with time, so every trial starts from the same point). Trials take seconds, so they run side
+ * by side on separate keys, except server restarts, which run one after the other.
+ *
+ * @returns One result per profile and fault, and each profile's overlap over its groups' lives.
+ */
+export async function runFresh(
+  env: FailoverEnv,
+  jobs: readonly FreshJob[],
+): Promise<{ results: FaultResult[]; overlapTotalMs: Record<string, number> }> {
+  const overlapTotal: Record<string, number> = {};
+  const one = async (profile: Profile, fault: Fault, i: number, n: number) => {
+    const proxied = fault === "blackhole";
+    const label = `${profile.name}-${fault}-${i}`;
+    const { group, proxies } = await makeGroup(env, profile, 3, proxied, label);
+    let r: TrialResult;
+    try {
+      r = await trial(env, profile, fault, i, group, proxies, false);
+    } catch (e) {
+      r = {
+        trial: i,
+        phaseMs: null,
+        failoverMs: null,
+        grantMs: null,
+        overlapMs: 0,
+        oldTermEndMs: null,
+        cpuStallMs: null,
+        sameLeader: null,
+        tokenIncreased: null,
+        error: e instanceof Error ? e.message : String(e),
+      };
+    } finally {
+      await disposeGroup(group, proxies);
+      overlapTotal[profile.name] = (overlapTotal[profile.name] ?? 0) + overlapMs(group.terms);
+    }
+    env.log(describeTrial(profile, fault, r, n));
+    return r;
+  };
+  const runs: { profile: Profile; fault: Fault; trials: Promise<TrialResult[]> }[] = [];
+  let started = 0;
+  for (const { profile, faults, trials } of jobs) {
+    for (const fault of faults.filter((f) => f !== "restart")) {
+      const indexes = Array.from({ length: trials }, (_, i) => i + 1);
+      runs.push({
+        profile,
+        fault,
+        trials: Promise.all(indexes.map(async (i) => {
+          // Stagger the starts: 2 cores.
+          await sleep(started++ * 250);
+          return one(profile, fault, i, trials);
+        })),
+      });
+    }
+  }
+  const settled = await Promise.all(runs.map(async (run) => ({ ...run, done: await run.trials })));
+  const byKey = new Map(settled.map((r) => [`${r.profile.name}/${r.fault}`, r.done]));
+  for (const { profile, faults, trials } of jobs) {
+    if (!faults.includes("restart")) continue;
+    const done: TrialResult[] = [];
+    for (let i = 1; i <= trials; i++) done.push(await one(profile, "restart", i, trials));
+    byKey.set(`${profile.name}/restart`, done);
+  }
+  const results: FaultResult[] = [];
+  for (const { profile, faults } of jobs) {
+    for (const fault of faults) {
+      results.push(summarizeFault(fault, profile, byKey.get(`${profile.name}/${fault}`) ?? []));
+    }
+  }
+  for (const name of Object.keys(overlapTotal)) overlapTotal[name] = round(overlapTotal[name]!, 2);
+  return { results, overlapTotalMs: overlapTotal };
+}

@@ -1,0 +1,419 @@
+/**
+ * The report: the environment, the markdown tables, and the SVG chart (drawn by Vega-Lite).
+ *
+ * @module
+ */
+import pgPackage from "pg/package.json" with { type: "json" };
+import * as vega from "npm:vega@6.4.0";
+import * as vegaLite from "npm:vega-lite@6.5.0";
+import type { Admin } from "./_admin.ts";
+import { type FaultResult, FAULTS, LEASE_FAULTS } from "./_failover.ts";
+import type { LoadResult } from "./_load.ts";
+import type { MemoryResult } from "./_memory.ts";
+
+/** Where and with what the run happened. */
+export interface Environment {
+  readonly date: string;
+  readonly machine: {
+    readonly os: string;
+    readonly kernel: string;
+    readonly arch: string;
+    readonly cpuModel: string | undefined;
+    readonly cpus: number;
+    readonly memoryBytes: number;
+    readonly loadAverageAtStart: string;
+  };
+  readonly postgres: { readonly version: string; readonly versionNum: number };
+  readonly deno: typeof Deno.version;
+  readonly npmPg: string;
+  readonly commit: string | undefined;
+  /** Whether the library's files differed from the commit. */
+  readonly dirty: boolean | undefined;
+}
+
+async function git(args: string[]): Promise<string | undefined> {
+  try {
+    const out = await new Deno.Command("git", { args, stdout: "piped", stderr: "null" }).output();
+    return out.success ? new TextDecoder().decode(out.stdout).trim() : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Collects the environment. */
+export async function environment(admin: Admin): Promise<Environment> {
+  const cpuinfo = await Deno.readTextFile("/proc/cpuinfo").catch(() => "");
+  const osRelease = await Deno.readTextFile("/etc/os-release").catch(() => "");
+  const [pg] = await admin.query(
+    "SELECT version() AS version, current_setting('server_version_num')::int AS num",
+  );
+  const status = await git(["status", "--porcelain", "--", "mod.ts", "src", "deno.json"]);
+  return {
+    date: new Date().toISOString(),
+    machine: {
+      os: /^PRETTY_NAME="?([^"\n]*)"?/m.exec(osRelease)?.[1] ?? Deno.build.os,
+      kernel: Deno.osRelease(),
+      arch: Deno.build.arch,
+      cpuModel: /^model name\s*:\s*(.*)$/m.exec(cpuinfo)?.[1],
+      cpus: navigator.hardwareConcurrency,
+      memoryBytes: Deno.systemMemoryInfo().total,
+      loadAverageAtStart: loadAverage(),
+    },
+    postgres: { version: String(pg?.version), versionNum: Number(pg?.num) },
+    deno: Deno.version,
+    npmPg: pgPackage.version,
+    commit: await git(["rev-parse", "HEAD"]),
+    dirty: status === undefined ? undefined : status !== "",
+  };
+}
+
+/** /proc/loadavg's first three fields. */
+export function loadAverage(): string {
+  try {
+    return Deno.readTextFileSync("/proc/loadavg").split(" ").slice(0, 3).join(" ");
+  } catch {
+    return "unknown";
+  }
+}
+
+/** Everything the run produced. */
+export interface Results {
+  readonly schema: 1;
+  readonly quick: boolean;
+  readonly environment: Environment;
+  readonly durationS: number;
+  readonly loadAverageAtEnd: string;
+  /** Share of the run's wall time in which some task waited for a CPU (Linux PSI), %. */
+  readonly cpuPressurePct: number | null;
+  readonly profiles: Record<string, string>;
+  readonly faults: Record<string, string>;
+  readonly failover: FaultResult[];
+  /** Time with two leaders at once over each group's whole life (ms). */
+  readonly overlapTotalMs: Record<string, number>;
+  readonly load: LoadResult | undefined;
+  readonly memory: MemoryResult | undefined;
+  readonly targets: Target[];
+  readonly notes: string[];
+}
+
+/** A target of the issue and whether the run met it. */
+export interface Target {
+  readonly target: string;
+  readonly measured: string;
+  readonly met: boolean | null;
+}
+
+const LABELS: Record<string, string> = {
+  "sigkill": "leader SIGKILL",
+  "backend-kill": "backend terminated",
+  "sigterm": "SIGTERM (graceful)",
+  "step-down": "step-down",
+  "restart": "server restart",
+  "blackhole": "TCP blackhole (short lease)",
+  "sigstop": "leader SIGSTOP (short lease)",
+};
+
+/** Formats milliseconds for a table. */
+export function ms(x: number | null | undefined): string {
+  if (x === null || x === undefined) return "–";
+  if (x < 100) return x.toFixed(1);
+  if (x < 10_000) return Math.round(x).toString();
+  return `${(x / 1000).toFixed(1)} s`;
+}
+
+function find(failover: FaultResult[], fault: string, mode: string): FaultResult | undefined {
+  return failover.find((r) => r.fault === fault && r.mode === mode);
+}
+
+/** Judges the run against the issue's targets. */
+export function targets(results: Omit<Results, "targets">): Target[] {
+  const out: Target[] = [];
+  const wait = (fault: string) => find(results.failover, fault, "wait");
+  for (const fault of ["sigkill", "backend-kill"]) {
+    const r = wait(fault);
+    if (!r) continue;
+    out.push({
+      target: `${LABELS[fault]}: p50 < 15 ms (wait mode)`,
+      measured: `${ms(r.failover.p50)} ms`,
+      met: r.failed === 0 && (r.failover.p50 ?? Infinity) < 15,
+    });
+    out.push({
+      target: `${LABELS[fault]}: p99 < 50 ms (wait mode)`,
+      measured: `${ms(r.failover.p99)} ms (n = ${r.failover.n})`,
+      met: r.failed === 0 && (r.failover.p99 ?? Infinity) < 50,
+    });
+  }
+  const stepDown = wait("step-down");
+  if (stepDown) {
+    out.push({
+      target: "step-down handover: p50 < 10 ms (wait mode)",
+      measured: `${ms(stepDown.failover.p50)} ms (lock granted after ${ms(stepDown.grant.p50)} ms)`,
+      met: stepDown.failed === 0 && (stepDown.failover.p50 ?? Infinity) < 10,
+    });
+  }
+  for (const fault of LEASE_FAULTS) {
+    for (const r of results.failover.filter((x) => x.fault === fault && x.mode === "wait")) {
+      const lease = leaseOf(results, r.profile);
+      if (lease === undefined) continue;
+      out.push({
+        target: `${LABELS[fault]}: failover within lease + 1 s = ${
+          lease + 1000
+        } ms (${r.mode} mode)`,
+        measured: `max ${ms(r.failover.max)} ms${r.failed ? `, ${r.failed} without failover` : ""}`,
+        met: r.failed === 0 && (r.failover.max ?? Infinity) <= lease + 1000,
+      });
+    }
+  }
+  const all = [...results.failover, ...(results.load?.handover ?? [])];
+  const overlapping = all.filter((r) => r.overlapTrials > 0);
+  const trials = all.reduce((n, r) => n + r.trials.length, 0);
+  const totalOverlap = Object.values(results.overlapTotalMs).reduce((a, b) => a + b, 0);
+  out.push({
+    target: "overlap (two leaders at once) 0 in every trial",
+    measured: overlapping.length === 0
+      ? `0 in all ${trials} trials (${ms(totalOverlap)} ms over the groups' whole lives)`
+      : overlapping.map((r) =>
+        `${r.fault}/${r.mode}: ${r.overlapTrials} trials, max ${ms(r.overlapMaxMs)} ms`
+      )
+        .join("; "),
+    met: overlapping.length === 0 && totalOverlap === 0,
+  });
+  for (const m of results.load?.measurements ?? []) {
+    out.push({
+      target: `idle follower: <= 1 statement per wait window (${m.candidates} candidates)`,
+      measured: `${m.followerPerWaitWindow} per window`,
+      met: m.followerPerWaitWindow <= 1.05,
+    });
+  }
+  return out;
+}
+
+function leaseOf(results: Omit<Results, "targets">, profile: string): number | undefined {
+  const match = /leaseMs (\d+)/.exec(results.profiles[profile] ?? "");
+  return match ? Number(match[1]) : undefined;
+}
+
+/** The markdown for the README's Performance section. */
+export function markdown(results: Results, chartPath: string): string {
+  const e = results.environment;
+  const lines: string[] = [];
+  const when = e.date.slice(0, 10);
+  lines.push(
+    `Measured ${when} on ${e.machine.cpus} cores (${e.machine.cpuModel ?? e.machine.arch}), ${
+      (e.machine.memoryBytes / 2 ** 30).toFixed(0)
+    } GiB, ${e.machine.os}; PostgreSQL ${
+      e.postgres.version.split(" ")[1]
+    }, Deno ${e.deno.deno}, npm:pg ${e.npmPg}; loopback TCP${
+      results.quick ? "; **quick run**" : ""
+    }. Load average at start ${e.machine.loadAverageAtStart}, at end ${results.loadAverageAtEnd}${
+      results.cpuPressurePct === null
+        ? ""
+        : `; some task waited for a CPU during ${results.cpuPressurePct} % of the run (PSI)`
+    }.`,
+    "",
+    "Failover = fault injected -> the new leader's `acquired` event (both stamped on one wall clock),",
+    "faults injected at a random point of the leader's health-check cycle. Percentiles are",
+    "nearest-rank, so with fewer than 100 trials p99 is the maximum. Overlap = time with two",
+    "processes believing they lead, from every candidate's terms. CPU stall = time some task",
+    "waited for a core between the fault and the new leader (Linux PSI): other work on the",
+    "machine, which the millisecond figures include.",
+    "",
+    "| fault | wait p50 / p99 (ms) | poll p50 / p99 (ms) | poll ÷ wait (p50) |",
+    "|---|---:|---:|---:|",
+  );
+  for (const fault of FAULTS) {
+    const w = find(results.failover, fault, "wait");
+    const p = find(results.failover, fault, "poll");
+    if (!w && !p) continue;
+    const cell = (r: FaultResult | undefined) =>
+      r
+        ? `${ms(r.failover.p50)} / ${ms(r.failover.p99)}${r.failed ? ` (${r.failed} failed)` : ""}`
+        : "–";
+    const ratio = w?.failover.p50 && p?.failover.p50
+      ? `${Math.round(p.failover.p50 / w.failover.p50)}×`
+      : "–";
+    lines.push(`| ${LABELS[fault]} | ${cell(w)} | ${cell(p)} | ${ratio} |`);
+  }
+  lines.push(
+    "",
+    `![Failover per fault and mode](${chartPath})`,
+    "",
+    "<details><summary>Every fault and mode: min, p50, p99, max, overlap</summary>",
+    "",
+    "| fault | mode | trials | min | p50 | p99 | max | lock granted p50 | overlap | CPU stall p50 | notes |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
+  );
+  const rows = [...results.failover].sort((a, b) =>
+    FAULTS.indexOf(a.fault) - FAULTS.indexOf(b.fault) || a.mode.localeCompare(b.mode) * -1
+  );
+  for (const r of rows) lines.push(failoverRow(r, LABELS[r.fault] ?? r.fault));
+  for (const r of results.load?.handover ?? []) {
+    lines.push(
+      failoverRow(r, `${LABELS[r.fault]} with ${r.profile.replace("load-", "")} candidates`),
+    );
+  }
+  lines.push("", "</details>", "");
+  lines.push("Configurations:", "");
+  for (const [name, description] of Object.entries(results.profiles)) {
+    lines.push(`- **${name}**: ${description}`);
+  }
+  if (results.load) {
+    lines.push(
+      "",
+      `Load on the server, ${results.load.description}. Each size is measured over an idle window`,
+      "(one leader, every follower waiting): completed statements from pg_stat_statements (the",
+      "leader's are its health checks) plus failed ones from pg_stat_database (a wait window that",
+      "ends in lock_timeout is a rollback); connections from pg_stat_activity.",
+      "",
+      "| candidates | statements/s, all | leader /s | idle follower /s | per follower per wait window | connections per candidate | waiting in the lock queue |",
+      "|---:|---:|---:|---:|---:|---:|---:|",
+    );
+    for (const m of results.load.measurements) {
+      lines.push(
+        `| ${m.candidates} | ${m.totalPerS} | ${m.leaderPerS} | ${m.followerPerS} | ${m.followerPerWaitWindow} | ${m.connectionsPerCandidate} | ${m.waitingInLockQueue} |`,
+      );
+    }
+  }
+  if (results.memory) {
+    const mem = results.memory;
+    lines.push(
+      "",
+      `Memory of one process holding N LeaderLock instances (each on its own key, so each leads and holds one session); server side per backend from /proc/<pid>/smaps_rollup. max_connections ${mem.maxConnections}, shared_memory_size ${mem.serverSharedMemory}.`,
+      "",
+      "| instances | process RSS | per instance (RSS) | per instance (JS heap) | server backends | private memory per backend | PSS per backend |",
+      "|---:|---:|---:|---:|---:|---:|---:|",
+    );
+    for (const p of mem.probes) {
+      const rss = `${(p.rssBytes / 2 ** 20).toFixed(1)} MiB`;
+      const server = p.server;
+      lines.push(
+        `| ${p.instances} | ${rss} | ${kib(p.rssPerInstanceKiB)} | ${
+          kib(p.heapPerInstanceKiB)
+        } | ${server.backends} | ${kib(server.privateKiBPerBackend)} | ${
+          kib(server.pssKiBPerBackend)
+        } |`,
+      );
+    }
+    for (const note of mem.notes) lines.push("", `Note: ${note}`);
+  }
+  lines.push("", "Targets:", "", "| target | measured | met |", "|---|---|---|");
+  for (const t of results.targets) {
+    lines.push(
+      `| ${t.target} | ${t.measured} | ${t.met === null ? "–" : t.met ? "yes" : "**no**"} |`,
+    );
+  }
+  for (const note of results.notes) lines.push("", note);
+  return lines.join("\n") + "\n";
+}
+
+function kib(x: number | null): string {
+  return x === null ? "–" : x >= 10_240 ? `${(x / 1024).toFixed(1)} MiB` : `${Math.round(x)} KiB`;
+}
+
+function failoverRow(r: FaultResult, label: string): string {
+  const notes: string[] = [];
+  if (r.failed) notes.push(`${r.failed} without failover in time`);
+  if (r.sameLeader) notes.push(`${r.sameLeader} re-taken by the old leader`);
+  const down = r.trials.map((t) => t.serverDownMs).filter((x): x is number => x !== undefined);
+  if (down.length) {
+    notes.push(`server down p50 ${ms(down.sort((a, b) => a - b)[Math.floor(down.length / 2)])} ms`);
+  }
+  const overlap = r.overlapTrials === 0
+    ? `0 in ${r.trials.length}`
+    : `${r.overlapTrials} trials, max ${ms(r.overlapMaxMs)} ms`;
+  return `| ${label} | ${r.mode} | ${r.trials.length} | ${ms(r.failover.min)} | ${
+    ms(r.failover.p50)
+  } | ${ms(r.failover.p99)} | ${ms(r.failover.max)} | ${ms(r.grant.p50)} | ${overlap} | ${
+    ms(r.cpuStallP50Ms)
+  } | ${notes.join("; ")} |`;
+}
+
+/**
+ * Draws every trial's failover per fault and mode, on a log scale, with the median marked.
+ *
+ * @returns The SVG text.
+ */
+export async function chart(results: Results): Promise<string> {
+  const values: Record<string, unknown>[] = [];
+  for (const r of results.failover) {
+    const fault = LABELS[r.fault] ?? r.fault;
+    for (const t of r.trials) {
+      if (t.failoverMs !== null) {
+        values.push({ fault, mode: r.mode, ms: t.failoverMs, kind: "trial" });
+      }
+    }
+    if (r.failover.p50 !== null) {
+      values.push({ fault, mode: r.mode, ms: r.failover.p50, kind: "p50" });
+    }
+  }
+  const faultOrder = FAULTS.map((f) => LABELS[f]);
+  const spec = {
+    $schema: "https://vega.github.io/schema/vega-lite/v6.json",
+    title: {
+      text: "pgleaderlock failover: fault injected -> new leader",
+      subtitle: `${results.environment.date.slice(0, 10)}, PostgreSQL ${
+        results.environment.postgres.version.split(" ")[1]
+      }, Deno ${results.environment.deno.deno}, loopback; ticks = trials, black = median`,
+    },
+    data: { values },
+    facet: {
+      row: {
+        field: "fault",
+        type: "nominal",
+        sort: faultOrder,
+        title: null,
+        header: {
+          labelAngle: 0,
+          labelAlign: "right",
+          labelPadding: 8,
+          labelFontSize: 12,
+          labelLimit: 400,
+        },
+      },
+    },
+    spec: {
+      width: 560,
+      height: 44,
+      layer: [
+        {
+          transform: [{ filter: "datum.kind === 'trial'" }],
+          mark: { type: "tick", thickness: 2, opacity: 0.7, clip: true },
+          encoding: {
+            x: {
+              field: "ms",
+              type: "quantitative",
+              scale: { type: "log", domain: [1, 100_000] },
+              axis: {
+                title: "failover, log scale",
+                grid: true,
+                values: [1, 3, 10, 30, 100, 300, 1000, 3000, 10_000, 30_000, 100_000],
+                labelExpr: "datum.value < 1000 ? datum.value + ' ms' : datum.value / 1000 + ' s'",
+              },
+            },
+            y: { field: "mode", type: "nominal", title: null, sort: ["wait", "poll"] },
+            color: {
+              field: "mode",
+              type: "nominal",
+              scale: { domain: ["wait", "poll"], range: ["#1f77b4", "#ff7f0e"] },
+              legend: { title: "acquireMode" },
+            },
+          },
+        },
+        {
+          transform: [{ filter: "datum.kind === 'p50'" }],
+          mark: { type: "tick", thickness: 3, color: "black", size: 18, clip: true },
+          encoding: {
+            x: { field: "ms", type: "quantitative" },
+            y: { field: "mode", type: "nominal", sort: ["wait", "poll"] },
+          },
+        },
+      ],
+    },
+    config: { font: "sans-serif" },
+  };
+  const compiled = vegaLite.compile(spec as unknown as vegaLite.TopLevelSpec).spec;
+  const view = new vega.View(vega.parse(compiled), { renderer: "none" });
+  const svg = await view.toSVG();
+  view.finalize();
+  return svg;
+}

@@ -1,0 +1,183 @@
+/**
+ * `deno task bench`: failover, load and memory of pgleaderlock on a throwaway PostgreSQL, with
+ * every candidate a separate process. Writes `bench/results/latest.json`, `latest.md` and
+ * `failover.svg` (with `--quick`, under `bench/results/quick/`). See bench/README.md.
+ *
+ * Flags: `--quick` (about 2 minutes), `--only failover,load,memory`, `--faults sigkill,...`,
+ * `--modes wait,poll`, `--out DIR`.
+ *
+ * @module
+ */
+import { resolve } from "node:path";
+import { pathToFileURL } from "node:url";
+import { parseArgs } from "node:util";
+import { startPostgres } from "../testing.ts";
+import { Admin } from "./_admin.ts";
+import {
+  type FailoverEnv,
+  FAULT_DESCRIPTIONS,
+  type FaultResult,
+  FAULTS,
+  LEASE_FAULTS,
+  type Profile,
+  PROFILES,
+  runFresh,
+  runSequential,
+} from "./_failover.ts";
+import { type LoadResult, runLoad } from "./_load.ts";
+import { type MemoryResult, runMemory } from "./_memory.ts";
+import { cpuStallMs } from "./_stats.ts";
+import { chart, environment, loadAverage, markdown, type Results, targets } from "./_report.ts";
+
+const { values: flags } = parseArgs({
+  args: Deno.args,
+  options: {
+    quick: { type: "boolean", default: false },
+    only: { type: "string" },
+    faults: { type: "string" },
+    modes: { type: "string" },
+    out: { type: "string" },
+  },
+});
+const quick = flags.quick ?? false;
+const sections = new Set((flags.only ?? "failover,load,memory").split(",").map((s) => s.trim()));
+const outDir = flags.out
+  ? pathToFileURL(resolve(flags.out) + "/")
+  : new URL(quick ? "./results/quick/" : "./results/", import.meta.url);
+
+/** Trials and sizes: the issue's minimums for a full run, a taste of each for --quick. */
+const plan = quick
+  ? {
+    waitTrials: 3,
+    waitLeaseTrials: 1,
+    pollTrials: 1,
+    pollLeaseTrials: 1,
+    loadSizes: [3, 20],
+    loadWindowMs: 10_000,
+    handoverTrials: 2,
+    memoryCounts: [1, 100],
+  }
+  : {
+    waitTrials: 20,
+    waitLeaseTrials: 5,
+    pollTrials: 5,
+    pollLeaseTrials: 5,
+    loadSizes: [3, 50, 100],
+    loadWindowMs: 15_000,
+    handoverTrials: 5,
+    memoryCounts: [1, 100, 1000],
+  };
+
+const started = performance.now();
+const stallAtStart = cpuStallMs();
+const log = (line: string) =>
+  console.error(`${((performance.now() - started) / 1000).toFixed(1).padStart(6)}s ${line}`);
+
+await using server = await startPostgres({
+  settings: {
+    // 1000 LeaderLock instances in one process need 1000 connections.
+    max_connections: 1100,
+    shared_preload_libraries: "pg_stat_statements",
+  },
+});
+const admin = new Admin(server);
+const env0 = await environment(admin);
+log(
+  `PostgreSQL ${env0.postgres.versionNum} on port ${server.port}; load average ${env0.machine.loadAverageAtStart}`,
+);
+await admin.query("CREATE DATABASE bench");
+await admin.query("CREATE EXTENSION pg_stat_statements");
+let key2 = 0;
+const env: FailoverEnv = { server, admin, database: "bench", log, nextKey2: () => ++key2 };
+
+const failover: FaultResult[] = [];
+const overlapTotalMs: Record<string, number> = {};
+const profiles: Record<string, string> = {};
+const record = (profile: Profile, out: { results: FaultResult[]; overlapTotalMs: number }) => {
+  failover.push(...out.results);
+  overlapTotalMs[profile.name] = out.overlapTotalMs;
+  profiles[profile.name] = profile.description;
+};
+const chosen = new Set(flags.faults?.split(",").map((f) => f.trim()) ?? FAULTS);
+const unknown = [...chosen].filter((f) => !(FAULTS as readonly string[]).includes(f));
+if (unknown.length) {
+  throw new RangeError(`Unknown fault(s) ${unknown.join(", ")}: use ${FAULTS.join(", ")}`);
+}
+const msFaults = FAULTS.filter((f) => !LEASE_FAULTS.includes(f) && chosen.has(f));
+const leaseFaults = LEASE_FAULTS.filter((f) => chosen.has(f));
+const modes = new Set((flags.modes ?? "wait,poll").split(",").map((m) => m.trim()));
+
+let load: LoadResult | undefined;
+let memory: MemoryResult | undefined;
+try {
+  if (sections.has("failover")) {
+    // Millisecond faults first, alone on the machine: nothing else of ours runs meanwhile.
+    if (modes.has("wait") && msFaults.length) {
+      record(PROFILES.wait, await runSequential(env, PROFILES.wait, msFaults, plan.waitTrials));
+    }
+    if (modes.has("wait") && leaseFaults.length) {
+      record(
+        PROFILES.waitLease,
+        await runSequential(env, PROFILES.waitLease, leaseFaults, plan.waitLeaseTrials),
+      );
+    }
+    // Poll-mode trials take seconds each: they run side by side on separate keys.
+    if (modes.has("poll")) {
+      const jobs = [
+        { profile: PROFILES.poll, faults: msFaults, trials: plan.pollTrials },
+        { profile: PROFILES.pollLease, faults: leaseFaults, trials: plan.pollLeaseTrials },
+      ].filter((job) => job.faults.length > 0);
+      const poll = await runFresh(env, jobs);
+      failover.push(...poll.results);
+      Object.assign(overlapTotalMs, poll.overlapTotalMs);
+      for (const { profile } of jobs) profiles[profile.name] = profile.description;
+    }
+  }
+  if (sections.has("load")) {
+    load = await runLoad(env, {
+      sizes: plan.loadSizes,
+      windowMs: plan.loadWindowMs,
+      handoverTrials: plan.handoverTrials,
+    });
+  }
+  if (sections.has("memory")) memory = await runMemory(env, plan.memoryCounts);
+} finally {
+  await admin.close();
+}
+
+const notes = [
+  "Server restart: wait mode reconnects every 50 ms (FixedInterval), poll mode with the library default ExponentialBackoff (1 s doubling to 30 s); the failover includes the server's own stop and start.",
+  "Poll mode: each trial starts three fresh candidates, so followers had waited at most about ten seconds and polled every 1-8 s; followers that have waited longer poll every 30 s, so in a long-running fleet a poll-mode failover takes up to 30 s more.",
+  "The old leader's term ends at the earliest of: its `term-end` line (isLeader sampled every millisecond), its SIGKILL, and its last successful statement's send time + leaseMs (the lease cannot outlast that; used for a frozen leader).",
+];
+const partial = {
+  schema: 1 as const,
+  quick,
+  environment: env0,
+  durationS: Math.round((performance.now() - started) / 1000),
+  loadAverageAtEnd: loadAverage(),
+  cpuPressurePct: stallAtStart === undefined
+    ? null
+    : Math.round((cpuStallMs()! - stallAtStart) / (performance.now() - started) * 100),
+  profiles,
+  faults: FAULT_DESCRIPTIONS,
+  failover,
+  overlapTotalMs,
+  load,
+  memory,
+  notes,
+};
+const results: Results = { ...partial, targets: targets(partial) };
+
+await Deno.mkdir(outDir, { recursive: true });
+const jsonUrl = new URL("latest.json", outDir);
+const mdUrl = new URL("latest.md", outDir);
+const svgUrl = new URL("failover.svg", outDir);
+await Deno.writeTextFile(jsonUrl, JSON.stringify(results, null, 2) + "\n");
+if (failover.length > 0) await Deno.writeTextFile(svgUrl, await chart(results));
+// The README embeds the chart from the repository root.
+const relative = svgUrl.pathname.replace(new URL("../", import.meta.url).pathname, "");
+const md = markdown(results, relative);
+await Deno.writeTextFile(mdUrl, md);
+console.log(md);
+log(`wrote ${jsonUrl.pathname}, ${mdUrl.pathname}${failover.length ? `, ${svgUrl.pathname}` : ""}`);
