@@ -111,6 +111,7 @@ export interface Violation {
     | "malformed"
     | "lock-left"
     | "session-left"
+    | "password-leak"
     | "clock-skew";
   /** A sentence saying what and where. */
   readonly message: string;

@@ -96,6 +96,19 @@ export interface FleetOptions {
    * @default {one proxy per candidate}
    */
   dsn?: string;
+  /**
+   * The role the candidates log in as (through their proxies).
+   *
+   * @default {the superuser}
+   */
+  role?: { user: string; password: string };
+  /**
+   * Strings that must never appear in anything a candidate prints (passwords): each one found is
+   * a `password-leak` violation when the fleet closes.
+   *
+   * @default {the password the candidates log in with}
+   */
+  secrets?: readonly string[];
 }
 
 /** Wall-clock milliseconds with sub-millisecond precision, the candidates' clock. */
@@ -238,6 +251,8 @@ export class Fleet implements AsyncDisposable {
   readonly proxies: TcpProxy[];
   readonly #candidate: Partial<CandidateConfig>;
   readonly #dsn: string | undefined;
+  readonly #role: { user: string; password: string } | undefined;
+  readonly #secrets: readonly string[];
   readonly #waiters = new Set<() => void>();
   #generation = new Map<number, number>();
   #closed: Promise<CheckReport & { serverViolations: Violation[] }> | undefined;
@@ -249,6 +264,8 @@ export class Fleet implements AsyncDisposable {
     proxies: TcpProxy[],
     candidate: Partial<CandidateConfig>,
     dsn: string | undefined,
+    role: { user: string; password: string } | undefined,
+    secrets: readonly string[],
   ) {
     this.server = server;
     this.keys = keys;
@@ -256,6 +273,8 @@ export class Fleet implements AsyncDisposable {
     this.proxies = proxies;
     this.#candidate = candidate;
     this.#dsn = dsn;
+    this.#role = role;
+    this.#secrets = secrets;
   }
 
   /**
@@ -272,11 +291,22 @@ export class Fleet implements AsyncDisposable {
       candidate = SCENARIO_TIMINGS,
       identityPrefix = `plk-${Math.random().toString(36).slice(2, 8)}`,
       dsn,
+      role,
+      secrets = [role?.password ?? server.password],
     } = options;
     const proxies = dsn !== undefined ? [] : await Promise.all(
       Array.from({ length: size }, () => startTcpProxy({ host: server.host, port: server.port })),
     );
-    const fleet = new Fleet(server, keys, identityPrefix, proxies, candidate, dsn);
+    const fleet = new Fleet(
+      server,
+      keys,
+      identityPrefix,
+      proxies,
+      candidate,
+      dsn,
+      role,
+      secrets,
+    );
     try {
       for (let slot = 0; slot < size; slot++) fleet.spawn(slot);
       await fleet.settled();
@@ -302,7 +332,7 @@ export class Fleet implements AsyncDisposable {
       ...this.#candidate,
       dsn: proxy === undefined
         ? this.#dsn ?? this.server.dsn
-        : this.server.dsnFor({ host: proxy.host, port: proxy.port }),
+        : this.server.dsnFor({ ...this.#role, host: proxy.host, port: proxy.port }),
       ...this.keys,
       identity: `${this.identityPrefix}-${name}`,
     };
@@ -382,6 +412,11 @@ export class Fleet implements AsyncDisposable {
     return best;
   }
 
+  /** Everything every candidate printed, stdout and stderr. */
+  output(): string {
+    return this.members.map((m) => m.process.stdoutText() + m.process.stderrText()).join("\n");
+  }
+
   /** A dump of who printed what, for error messages. */
   describe(): string {
     return this.members.map((m) =>
@@ -423,7 +458,14 @@ export class Fleet implements AsyncDisposable {
     const serverViolations = this.server.running
       ? await checkServerClean(this.server, { ...this.keys, identityPrefix: this.identityPrefix })
       : [];
-    return { ...report, serverViolations };
+    const output = this.output();
+    const leaks: Violation[] = this.#secrets
+      .filter((secret) => secret !== "" && output.includes(secret))
+      .map((secret) => ({
+        kind: "password-leak",
+        message: `A candidate printed a password (${secret.length} characters) in its output`,
+      }));
+    return { ...report, violations: [...report.violations, ...leaks], serverViolations };
   }
 
   /** Same as {@linkcode Fleet.close}, for `await using`. */
