@@ -151,6 +151,8 @@ export interface FaultResult {
   readonly failover: Summary;
   /** Fault -> lock granted (before settleMs). */
   readonly grant: Summary;
+  /** The old term's end -> the new leader's `acquired`: the handover proper. */
+  readonly afterOldTerm: Summary;
   readonly overlapMaxMs: number;
   /** Trials with any overlap. */
   readonly overlapTrials: number;
@@ -333,6 +335,9 @@ export function summarizeFault(
     trials,
     failover: summarize(ok.map((t) => t.failoverMs!)),
     grant: summarize(ok.map((t) => t.grantMs!)),
+    afterOldTerm: summarize(
+      ok.filter((t) => t.oldTermEndMs !== null).map((t) => t.failoverMs! - t.oldTermEndMs!),
+    ),
     overlapMaxMs: Math.max(0, ...trials.map((t) => t.overlapMs)),
     overlapTrials: trials.filter((t) => t.overlapMs > 0).length,
     failed: trials.length - ok.length,

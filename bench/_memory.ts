@@ -63,7 +63,7 @@ async function probe(
       JSON.stringify({ dsn: env.server.dsnFor({ database: env.database }), count, key1: 7003 }),
     ],
   });
-  const line = await waitForLine(child, '"type":"memory"', { timeoutMs: 180_000 });
+  const line = await waitForLine(child, '"type":"memory"', { timeoutMs: 300_000 });
   const m = JSON.parse(line);
   const pids: number[] = m.backendPids;
   let privateSum = 0;

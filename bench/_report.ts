@@ -8,6 +8,7 @@ import * as vega from "npm:vega@6.4.0";
 import * as vegaLite from "npm:vega-lite@6.5.0";
 import type { Admin } from "./_admin.ts";
 import { type FaultResult, FAULTS, LEASE_FAULTS } from "./_failover.ts";
+import type { FloorResult } from "./_floor.ts";
 import type { LoadResult } from "./_load.ts";
 import type { MemoryResult } from "./_memory.ts";
 
@@ -76,6 +77,16 @@ export function loadAverage(): string {
   }
 }
 
+/** One section of the run. */
+export interface Section {
+  readonly name: string;
+  readonly startS: number;
+  readonly durationS: number;
+  readonly loadAverageAtEnd: string;
+  /** Share of the section's time in which some task waited for a CPU (Linux PSI), %. */
+  readonly cpuPressurePct: number | null;
+}
+
 /** Everything the run produced. */
 export interface Results {
   readonly schema: 1;
@@ -85,11 +96,14 @@ export interface Results {
   readonly loadAverageAtEnd: string;
   /** Share of the run's wall time in which some task waited for a CPU (Linux PSI), %. */
   readonly cpuPressurePct: number | null;
+  readonly timeline: Section[];
   readonly profiles: Record<string, string>;
   readonly faults: Record<string, string>;
   readonly failover: FaultResult[];
   /** Time with two leaders at once over each group's whole life (ms). */
   readonly overlapTotalMs: Record<string, number>;
+  /** Handover to a bare pg_advisory_lock waiter: what PostgreSQL and the kernel take. */
+  readonly floor: FloorResult[] | undefined;
   readonly load: LoadResult | undefined;
   readonly memory: MemoryResult | undefined;
   readonly targets: Target[];
@@ -210,6 +224,13 @@ export function markdown(results: Results, chartPath: string): string {
         ? ""
         : `; some task waited for a CPU during ${results.cpuPressurePct} % of the run (PSI)`
     }.`,
+    `Sections: ${
+      results.timeline.map((t) =>
+        `${t.name} ${t.durationS} s${
+          t.cpuPressurePct === null ? "" : ` (CPU pressure ${t.cpuPressurePct} %)`
+        }`
+      ).join(", ")
+    }.`,
     "",
     "Failover = fault injected -> the new leader's `acquired` event (both stamped on one wall clock),",
     "faults injected at a random point of the leader's health-check cycle. Percentiles are",
@@ -240,8 +261,8 @@ export function markdown(results: Results, chartPath: string): string {
     "",
     "<details><summary>Every fault and mode: min, p50, p99, max, overlap</summary>",
     "",
-    "| fault | mode | trials | min | p50 | p99 | max | lock granted p50 | overlap | CPU stall p50 | notes |",
-    "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    "| fault | mode | trials | min | p50 | p99 | max | lock granted p50 | old term end -> new leader p50 | overlap | CPU stall p50 | notes |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
   );
   const rows = [...results.failover].sort((a, b) =>
     FAULTS.indexOf(a.fault) - FAULTS.indexOf(b.fault) || a.mode.localeCompare(b.mode) * -1
@@ -251,6 +272,24 @@ export function markdown(results: Results, chartPath: string): string {
     lines.push(
       failoverRow(r, `${LABELS[r.fault]} with ${r.profile.replace("load-", "")} candidates`),
     );
+  }
+  if (results.floor?.length) {
+    lines.push(
+      "",
+      "The floor under any client: the same faults handing the lock from a LeaderLock leader process",
+      "to a bare npm:pg session waiting in `pg_advisory_lock` (no settle, no events):",
+      "",
+      "| fault | trials | min | p50 | p99 | max |",
+      "|---|---:|---:|---:|---:|---:|",
+    );
+    for (const f of results.floor) {
+      const g = f.granted;
+      lines.push(
+        `| ${LABELS[f.fault]} | ${g.n} | ${ms(g.min)} | ${ms(g.p50)} | ${ms(g.p99)} | ${
+          ms(g.max)
+        } |`,
+      );
+    }
   }
   lines.push("", "</details>", "");
   lines.push("Configurations:", "");
@@ -323,9 +362,9 @@ function failoverRow(r: FaultResult, label: string): string {
     : `${r.overlapTrials} trials, max ${ms(r.overlapMaxMs)} ms`;
   return `| ${label} | ${r.mode} | ${r.trials.length} | ${ms(r.failover.min)} | ${
     ms(r.failover.p50)
-  } | ${ms(r.failover.p99)} | ${ms(r.failover.max)} | ${ms(r.grant.p50)} | ${overlap} | ${
-    ms(r.cpuStallP50Ms)
-  } | ${notes.join("; ")} |`;
+  } | ${ms(r.failover.p99)} | ${ms(r.failover.max)} | ${ms(r.grant.p50)} | ${
+    ms(r.afterOldTerm.p50)
+  } | ${overlap} | ${ms(r.cpuStallP50Ms)} | ${notes.join("; ")} |`;
 }
 
 /**

@@ -24,10 +24,19 @@ import {
   runFresh,
   runSequential,
 } from "./_failover.ts";
+import { type FloorResult, runFloor } from "./_floor.ts";
 import { type LoadResult, runLoad } from "./_load.ts";
 import { type MemoryResult, runMemory } from "./_memory.ts";
 import { cpuStallMs } from "./_stats.ts";
-import { chart, environment, loadAverage, markdown, type Results, targets } from "./_report.ts";
+import {
+  chart,
+  environment,
+  loadAverage,
+  markdown,
+  type Results,
+  type Section,
+  targets,
+} from "./_report.ts";
 
 const { values: flags } = parseArgs({
   args: Deno.args,
@@ -48,6 +57,7 @@ const outDir = flags.out
 /** Trials and sizes: the issue's minimums for a full run, a taste of each for --quick. */
 const plan = quick
   ? {
+    floorTrials: 3,
     waitTrials: 3,
     waitLeaseTrials: 1,
     pollTrials: 1,
@@ -58,6 +68,7 @@ const plan = quick
     memoryCounts: [1, 100],
   }
   : {
+    floorTrials: 10,
     waitTrials: 20,
     waitLeaseTrials: 5,
     pollTrials: 5,
@@ -107,18 +118,50 @@ const msFaults = FAULTS.filter((f) => !LEASE_FAULTS.includes(f) && chosen.has(f)
 const leaseFaults = LEASE_FAULTS.filter((f) => chosen.has(f));
 const modes = new Set((flags.modes ?? "wait,poll").split(",").map((m) => m.trim()));
 
+let floor: FloorResult[] | undefined;
 let load: LoadResult | undefined;
 let memory: MemoryResult | undefined;
+/** When each section ran and how busy the machine was meanwhile. */
+const timeline: Section[] = [];
+const section = async <T>(name: string, run: () => Promise<T>): Promise<T> => {
+  const t0 = performance.now();
+  const stall0 = cpuStallMs();
+  try {
+    return await run();
+  } finally {
+    const elapsed = performance.now() - t0;
+    const stall = cpuStallMs();
+    timeline.push({
+      name,
+      startS: Math.round((t0 - started) / 1000),
+      durationS: Math.round(elapsed / 1000),
+      loadAverageAtEnd: loadAverage(),
+      cpuPressurePct: stall0 === undefined || stall === undefined
+        ? null
+        : Math.round((stall - stall0) / elapsed * 100),
+    });
+  }
+};
 try {
   if (sections.has("failover")) {
+    if (modes.has("wait")) floor = await section("floor", () => runFloor(env, plan.floorTrials));
     // Millisecond faults first, alone on the machine: nothing else of ours runs meanwhile.
     if (modes.has("wait") && msFaults.length) {
-      record(PROFILES.wait, await runSequential(env, PROFILES.wait, msFaults, plan.waitTrials));
+      record(
+        PROFILES.wait,
+        await section(
+          "failover wait",
+          () => runSequential(env, PROFILES.wait, msFaults, plan.waitTrials),
+        ),
+      );
     }
     if (modes.has("wait") && leaseFaults.length) {
       record(
         PROFILES.waitLease,
-        await runSequential(env, PROFILES.waitLease, leaseFaults, plan.waitLeaseTrials),
+        await section(
+          "failover wait-short-lease",
+          () => runSequential(env, PROFILES.waitLease, leaseFaults, plan.waitLeaseTrials),
+        ),
       );
     }
     // Poll-mode trials take seconds each: they run side by side on separate keys.
@@ -127,25 +170,29 @@ try {
         { profile: PROFILES.poll, faults: msFaults, trials: plan.pollTrials },
         { profile: PROFILES.pollLease, faults: leaseFaults, trials: plan.pollLeaseTrials },
       ].filter((job) => job.faults.length > 0);
-      const poll = await runFresh(env, jobs);
+      const poll = await section("failover poll", () => runFresh(env, jobs));
       failover.push(...poll.results);
       Object.assign(overlapTotalMs, poll.overlapTotalMs);
       for (const { profile } of jobs) profiles[profile.name] = profile.description;
     }
   }
   if (sections.has("load")) {
-    load = await runLoad(env, {
-      sizes: plan.loadSizes,
-      windowMs: plan.loadWindowMs,
-      handoverTrials: plan.handoverTrials,
-    });
+    load = await section("load", () =>
+      runLoad(env, {
+        sizes: plan.loadSizes,
+        windowMs: plan.loadWindowMs,
+        handoverTrials: plan.handoverTrials,
+      }));
   }
-  if (sections.has("memory")) memory = await runMemory(env, plan.memoryCounts);
+  if (sections.has("memory")) {
+    memory = await section("memory", () => runMemory(env, plan.memoryCounts));
+  }
 } finally {
   await admin.close();
 }
 
 const notes = [
+  "Idle followers in wait mode run two statements per wait window: the wait (pg_advisory_lock under lock_timeout), and after its timeout a check whether the lock was granted anyway (the grant can race the timeout).",
   "Server restart: wait mode reconnects every 50 ms (FixedInterval), poll mode with the library default ExponentialBackoff (1 s doubling to 30 s); the failover includes the server's own stop and start.",
   "Poll mode: each trial starts three fresh candidates, so followers had waited at most about ten seconds and polled every 1-8 s; followers that have waited longer poll every 30 s, so in a long-running fleet a poll-mode failover takes up to 30 s more.",
   "The old leader's term ends at the earliest of: its `term-end` line (isLeader sampled every millisecond), its SIGKILL, and its last successful statement's send time + leaseMs (the lease cannot outlast that; used for a frozen leader).",
@@ -156,6 +203,7 @@ const partial = {
   environment: env0,
   durationS: Math.round((performance.now() - started) / 1000),
   loadAverageAtEnd: loadAverage(),
+  timeline,
   cpuPressurePct: stallAtStart === undefined
     ? null
     : Math.round((cpuStallMs()! - stallAtStart) / (performance.now() - started) * 100),
@@ -163,6 +211,7 @@ const partial = {
   faults: FAULT_DESCRIPTIONS,
   failover,
   overlapTotalMs,
+  floor,
   load,
   memory,
   notes,
