@@ -97,6 +97,14 @@ export interface FleetOptions {
    */
   dsn?: string;
   /**
+   * Whether each candidate connects through a TCP proxy of its own (needed by the network
+   * faults, blackhole and blip). Without, candidates connect to the server directly, and nothing
+   * in the harness process sits on their path.
+   *
+   * @default {true}
+   */
+  proxies?: boolean;
+  /**
    * The role the candidates log in as (through their proxies).
    *
    * @default {the superuser}
@@ -255,6 +263,7 @@ export class Fleet implements AsyncDisposable {
   readonly #secrets: readonly string[];
   readonly #waiters = new Set<() => void>();
   #generation = new Map<number, number>();
+  readonly #notes: [number, string][] = [];
   #closed: Promise<CheckReport & { serverViolations: Violation[] }> | undefined;
 
   private constructor(
@@ -294,7 +303,7 @@ export class Fleet implements AsyncDisposable {
       role,
       secrets = [role?.password ?? server.password],
     } = options;
-    const proxies = dsn !== undefined ? [] : await Promise.all(
+    const proxies = dsn !== undefined || options.proxies === false ? [] : await Promise.all(
       Array.from({ length: size }, () => startTcpProxy({ host: server.host, port: server.port })),
     );
     const fleet = new Fleet(
@@ -330,9 +339,10 @@ export class Fleet implements AsyncDisposable {
     const proxy = this.proxies[slot];
     const config: CandidateConfig = {
       ...this.#candidate,
-      dsn: proxy === undefined
-        ? this.#dsn ?? this.server.dsn
-        : this.server.dsnFor({ ...this.#role, host: proxy.host, port: proxy.port }),
+      dsn: this.#dsn ?? this.server.dsnFor({
+        ...this.#role,
+        ...(proxy === undefined ? {} : { host: proxy.host, port: proxy.port }),
+      }),
       ...this.keys,
       identity: `${this.identityPrefix}-${name}`,
     };
@@ -415,6 +425,61 @@ export class Fleet implements AsyncDisposable {
   /** Everything every candidate printed, stdout and stderr. */
   output(): string {
     return this.members.map((m) => m.process.stdoutText() + m.process.stderrText()).join("\n");
+  }
+
+  /**
+   * Records what the harness did, for {@linkcode Fleet.timeline}.
+   *
+   * @param text What happened.
+   * @param t When (wall-clock ms).
+   */
+  note(text: string, t: number = wallNow()): void {
+    this.#notes.push([t, text]);
+  }
+
+  /**
+   * Every record printed between two moments, all candidates merged by time, one per line.
+   *
+   * @param from Wall-clock ms.
+   * @param to Wall-clock ms.
+   * @returns The lines, times relative to `from`.
+   */
+  timeline(from: number, to: number): string {
+    const rows: [number, string][] = [];
+    for (const m of this.members) {
+      for (const r of m.records) {
+        if (r.t < from || r.t > to) continue;
+        const { t, pid: _pid, type, receivedAt: _r, ...rest } = r;
+        rows.push([
+          t,
+          `${(t - from).toFixed(1).padStart(8)} ms  ${m.name.padEnd(5)} ${type} ${
+            JSON.stringify(rest)
+          }`,
+        ]);
+      }
+    }
+    for (const m of this.members) {
+      if (m.killedAt !== undefined && m.killedAt >= from && m.killedAt <= to) {
+        rows.push([
+          m.killedAt,
+          `${(m.killedAt - from).toFixed(1).padStart(8)} ms  ${m.name} SIGKILL`,
+        ]);
+      }
+      for (const f of m.freezes) {
+        if (f.from >= from && f.from <= to) {
+          rows.push([f.from, `${(f.from - from).toFixed(1).padStart(8)} ms  ${m.name} frozen`]);
+        }
+        if (f.to >= from && f.to <= to) {
+          rows.push([f.to, `${(f.to - from).toFixed(1).padStart(8)} ms  ${m.name} thawed`]);
+        }
+      }
+    }
+    for (const [t, text] of this.#notes) {
+      if (t >= from && t <= to) {
+        rows.push([t, `${(t - from).toFixed(1).padStart(8)} ms  harness ${text}`]);
+      }
+    }
+    return rows.sort((a, b) => a[0] - b[0]).map(([, line]) => line).join("\n");
   }
 
   /** A dump of who printed what, for error messages. */
@@ -644,6 +709,8 @@ export async function injectFault(
     default:
       throw new RangeError(`Cannot inject fault '${fault}': unknown fault`);
   }
+  fleet.note(`${fault} injected (target ${target.name})`, at);
+  if (healedAt !== undefined) fleet.note(`${fault} healed`, healedAt);
   await fleet.waitFor(() => newTerm() !== undefined, timeoutMs, `a leader after ${fault}`);
   const next = newTerm()!;
   if (fault === "sigkill") fleet.spawn(target.slot);
@@ -712,6 +779,8 @@ export interface ScenarioReport {
   readonly serverViolations: readonly Violation[];
   /** Every violation (terms and server). */
   readonly violations: readonly Violation[];
+  /** For the first overlaps: what every candidate printed around them. */
+  readonly details: readonly string[];
 }
 
 /** Options of {@linkcode runScenario}. */
@@ -738,7 +807,11 @@ export async function runScenario(
   options: RunScenarioOptions,
 ): Promise<ScenarioReport> {
   const { rounds = 3, ...rest } = options;
-  const fleet = await Fleet.start(rest);
+  // Only the network faults need a proxy on each candidate's path.
+  const fleet = await Fleet.start({
+    proxies: fault === "blackhole" || fault === "blip",
+    ...rest,
+  });
   const faults: FaultOutcome[] = [];
   try {
     for (let round = 0; round < rounds; round++) {
@@ -766,6 +839,14 @@ async function report(name: string, fleet: Fleet, faults: FaultOutcome[]): Promi
     const s = spread(values);
     if (s !== undefined) byKind[kind] = s;
   }
+  // Around each overlap, what every candidate printed, to see why.
+  const details: string[] = [];
+  for (const [i, a] of check.terms.entries()) {
+    for (const b of check.terms.slice(i + 1)) {
+      if (b.start >= a.end) continue;
+      details.push(fleet.timeline(b.start - 300, Math.min(a.end, b.start + 1000) + 50));
+    }
+  }
   return {
     name,
     faults,
@@ -773,6 +854,7 @@ async function report(name: string, fleet: Fleet, faults: FaultOutcome[]): Promi
     check,
     serverViolations,
     violations: [...check.violations, ...serverViolations],
+    details: details.slice(0, 3),
   };
 }
 
@@ -904,5 +986,6 @@ export function formatReport(report: ScenarioReport): string {
   }
   for (const note of new Set(report.check.notes)) lines.push(`  note: ${note}`);
   for (const v of report.violations) lines.push(`  VIOLATION [${v.kind}] ${v.message}`);
+  for (const d of report.details) lines.push(`  around an overlap:\n${d}`);
   return lines.join("\n");
 }
