@@ -156,31 +156,45 @@ function toAcquisition(row: Record<string, unknown> | undefined, heldColumn: str
 }
 
 /**
- * One non-blocking attempt. On success the same statement takes the fencing token (the
- * transaction id, strictly increasing across the cluster) and arms the lease.
+ * One acquisition statement: `okSource` decides whether this session holds the lock; only then does
+ * the same statement take the fencing token and arm the lease. When not held, it reads who holds
+ * the lock (for `leaderchange`) at no extra round trip.
+ */
+async function acquisition(
+  session: LockSession,
+  p: ProtocolSession,
+  keys: readonly [key1: number, key2: number],
+  leaseMs: number,
+  okSource: string,
+): Promise<Acquisition> {
+  const [row] = await session.query(
+    `SELECT ok, CASE WHEN ok THEN ${TOKEN} END AS token${leaseSetting(p, "ok")}${
+      holderColumns("ok")
+    }
+       FROM (SELECT ${okSource} AS ok) s`,
+    [...keys, ...leaseParams(p, leaseMs)],
+  );
+  return toAcquisition(row, "ok");
+}
+
+/**
+ * One non-blocking attempt (`pg_try_advisory_lock`).
  *
  * @param session The session.
  * @param p What the protocol knows of the session.
  * @param key1 First key.
  * @param key2 Second key.
  * @param leaseMs The lease.
- * @returns Whether the lock was taken, and the token.
+ * @returns Whether the lock was taken, the token, and otherwise who holds it.
  */
-export async function tryLock(
+export function tryLock(
   session: LockSession,
   p: ProtocolSession,
   key1: number,
   key2: number,
   leaseMs: number,
 ): Promise<Acquisition> {
-  const [row] = await session.query(
-    `SELECT ok, CASE WHEN ok THEN ${TOKEN} END AS token${leaseSetting(p, "ok")}${
-      holderColumns("ok")
-    }
-       FROM (SELECT pg_try_advisory_lock($1, $2) AS ok) s`,
-    [key1, key2, ...leaseParams(p, leaseMs)],
-  );
-  return toAcquisition(row, "ok");
+  return acquisition(session, p, [key1, key2], leaseMs, "pg_try_advisory_lock($1, $2)");
 }
 
 /**
@@ -198,19 +212,15 @@ export async function tryLock(
  * @param leaseMs The lease.
  * @returns The acquisition (always held when it resolves).
  */
-export async function waitLock(
+export function waitLock(
   session: LockSession,
   p: ProtocolSession,
   key1: number,
   key2: number,
   leaseMs: number,
 ): Promise<Acquisition> {
-  const [row] = await session.query(
-    `SELECT true AS ok, ${TOKEN} AS token${leaseSetting(p, "true")}
-       FROM (SELECT pg_advisory_lock($1, $2)) s`,
-    [key1, key2, ...leaseParams(p, leaseMs)],
-  );
-  return toAcquisition(row, "ok");
+  // pg_advisory_lock returns void, which IS NOT NULL once granted.
+  return acquisition(session, p, [key1, key2], leaseMs, "pg_advisory_lock($1, $2) IS NOT NULL");
 }
 
 /**
@@ -224,21 +234,14 @@ export async function waitLock(
  * @param leaseMs The lease.
  * @returns The acquisition.
  */
-export async function holdsWithToken(
+export function holdsWithToken(
   session: LockSession,
   p: ProtocolSession,
   key1: number,
   key2: number,
   leaseMs: number,
 ): Promise<Acquisition> {
-  const [row] = await session.query(
-    `SELECT held, CASE WHEN held THEN ${TOKEN} END AS token${leaseSetting(p, "held")}${
-      holderColumns("held")
-    }
-       FROM (SELECT ${HOLDS} AS held) s`,
-    [key1, key2, ...leaseParams(p, leaseMs)],
-  );
-  return toAcquisition(row, "held");
+  return acquisition(session, p, [key1, key2], leaseMs, HOLDS);
 }
 
 /**

@@ -178,8 +178,9 @@ Deno.test("a follower reports acquirefailed per window and leaderchange only whe
         setTimeout(() => reject(Object.assign(new Error("lock timeout"), { code: "55P03" })), 5)
       );
     }
-    if (sql.includes("AS held")) {
-      return [{ held: false, token: null, holder_pid: holderPid, holder_identity: "a" }];
+    if (sql.includes("AS token")) {
+      // "Does this session hold it after all?" after the window: no, and here is who does.
+      return [{ ok: false, token: null, holder_pid: holderPid, holder_identity: "a" }];
     }
     throw new Error(`unexpected ${sql}`);
   });
