@@ -125,6 +125,11 @@ export interface CheckReport {
   readonly violations: readonly Violation[];
   /** The longest time two terms overlapped, in ms (0 when none did). */
   readonly maxOverlapMs: number;
+  /**
+   * The closest handover: the smallest time from the end of every earlier term to the start of
+   * the next one, in ms (negative when terms overlapped; `undefined` with fewer than two terms).
+   */
+  readonly minGapMs: number | undefined;
   /** Notes on weaker reasoning used (a freeze without lease lines). */
   readonly notes: readonly string[];
   /**
@@ -238,6 +243,15 @@ export function checkTerms(logs: readonly CandidateLog[]): CheckReport {
       });
     }
   }
+  let minGapMs: number | undefined;
+  let latestEnd = -Infinity;
+  for (const [i, term] of terms.entries()) {
+    if (i > 0 && latestEnd !== Infinity) {
+      const gap = term.start - latestEnd;
+      minGapMs = minGapMs === undefined ? gap : Math.min(minGapMs, gap);
+    }
+    latestEnd = Math.max(latestEnd, term.end);
+  }
   if (skew !== undefined && skew < -CLOCK_SKEW_TOLERANCE_MS) {
     violations.push({
       kind: "clock-skew",
@@ -246,7 +260,7 @@ export function checkTerms(logs: readonly CandidateLog[]): CheckReport {
       } ms before its own timestamp: the processes' clocks disagree, so times cannot be compared`,
     });
   }
-  return { terms, violations, maxOverlapMs, notes, clockSkewMs: skew };
+  return { terms, violations, maxOverlapMs, minGapMs, notes, clockSkewMs: skew };
 }
 
 function termsOf(log: CandidateLog, violations: Violation[], notes: string[]): Term[] {

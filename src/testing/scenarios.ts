@@ -972,10 +972,11 @@ function mulberry32(seed: number): () => number {
  * @returns The text.
  */
 export function formatReport(report: ScenarioReport): string {
+  const gap = report.check.minGapMs;
   const lines = [
     `${report.name}: ${report.faults.length} faults, ${report.check.terms.length} terms, max overlap ${
       report.check.maxOverlapMs.toFixed(1)
-    } ms`,
+    } ms, closest handover ${gap === undefined ? "-" : gap.toFixed(1)} ms`,
   ];
   for (const [kind, s] of Object.entries(report.failoverMs)) {
     lines.push(

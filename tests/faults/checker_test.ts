@@ -39,6 +39,7 @@ Deno.test("checkTerms() accepts terms that follow each other with increasing tok
     ["b", 201, 300],
   ]);
   assertEquals(report.maxOverlapMs, 0);
+  assertEquals(report.minGapMs, 1);
 });
 
 Deno.test("checkTerms() reports two terms that overlap, by how much", () => {
