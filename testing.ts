@@ -52,3 +52,57 @@ export {
   WaitForLineError,
   type WaitForLineOptions,
 } from "./src/testing/processes.ts";
+
+// Checking terms, running fault scenarios, and the servers around PostgreSQL (PgBouncer, a
+// standby, TLS certificates): see each module's documentation.
+export {
+  type CandidateLog,
+  type CandidateRecord,
+  type CheckReport,
+  checkServerClean,
+  type CheckServerCleanOptions,
+  checkTerms,
+  formatViolations,
+  type FreezeInterval,
+  parseCandidateLine,
+  parseCandidateOutput,
+  type QueryRunner,
+  type Term,
+  type TermEndSource,
+  type Violation,
+} from "./src/testing/checker.ts";
+export {
+  FAULT_KINDS,
+  type FaultKind,
+  type FaultOutcome,
+  Fleet,
+  type FleetOptions,
+  formatReport,
+  injectFault,
+  type InjectFaultOptions,
+  Member,
+  runScenario,
+  type RunScenarioOptions,
+  runSoak,
+  type RunSoakOptions,
+  SCENARIO_TIMINGS,
+  type ScenarioReport,
+  type Spread,
+  spread,
+  wallNow,
+} from "./src/testing/scenarios.ts";
+export type { CandidateConfig } from "./src/testing/candidate.ts";
+export {
+  findPgBouncer,
+  type PoolMode,
+  startPgBouncer,
+  type StartPgBouncerOptions,
+  type TestPgBouncer,
+} from "./src/testing/pgbouncer.ts";
+export { startStandby, type StartStandbyOptions, type TestStandby } from "./src/testing/standby.ts";
+export {
+  type IssueOptions,
+  makeCertificates,
+  type ServerCertificate,
+  type TestCertificates,
+} from "./src/testing/tls.ts";

@@ -200,6 +200,19 @@ interface OpenTerm {
  * term to term, a process frozen past its lease printed the end of its term before anything
  * else about leadership on resume, and the processes' clocks agree.
  *
+ * @example Two terms that overlap by 10 ms
+ * ```ts
+ * import { checkTerms } from "@x/pgleaderlock/testing";
+ * import { deepEqual, equal } from "node:assert/strict";
+ *
+ * const report = checkTerms([
+ *   { name: "a", records: [{ type: "acquired", t: 0, token: "5" }, { type: "term-end", t: 100, token: "5" }] },
+ *   { name: "b", records: [{ type: "acquired", t: 90, token: "6" }, { type: "term-end", t: 200, token: "6" }] },
+ * ]);
+ * equal(report.maxOverlapMs, 10);
+ * deepEqual(report.violations.map((v) => v.kind), ["overlap"]);
+ * ```
+ *
  * @param logs One entry per candidate process.
  * @returns The terms and the violations.
  */

@@ -147,6 +147,15 @@ export class Member {
   readonly #leaseMs: number | undefined;
   #onRecord: () => void;
 
+  /**
+   * Starts reading the process's output. {@linkcode Fleet.spawn} makes members.
+   *
+   * @param name Its name.
+   * @param slot Its slot.
+   * @param process The running candidate.
+   * @param leaseMs Its `leaseMs`, if set.
+   * @param onRecord Called after each line it prints.
+   */
   constructor(
     name: string,
     slot: number,
