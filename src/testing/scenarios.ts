@@ -988,10 +988,12 @@ export function formatReport(report: ScenarioReport): string {
     } ms, closest handover ${gap === undefined ? "-" : gap.toFixed(1)} ms`,
   ];
   for (const [kind, s] of Object.entries(report.failoverMs)) {
+    const ofKind = report.faults.filter((f) => f.fault === kind);
+    const kept = ofKind.filter((f) => f.sameLeader).length;
     lines.push(
       `  ${kind}: failover ${s.min.toFixed(0)} / ${s.median.toFixed(0)} / ${
         s.max.toFixed(0)
-      } ms (min / median / max)`,
+      } ms (min / median / max); the old leader led next ${kept} of ${ofKind.length} times`,
     );
   }
   for (const note of new Set(report.check.notes)) lines.push(`  note: ${note}`);
