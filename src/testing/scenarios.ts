@@ -53,11 +53,20 @@ export const FAULT_KINDS: readonly FaultKind[] = [
   "blip",
 ];
 
-/** The candidate timings the scenarios use unless told otherwise. */
+/**
+ * The candidate timings the scenarios use unless told otherwise.
+ *
+ * `settleMs` is 100 rather than LeaderLock's default of 10: after `pg_terminate_backend`, the
+ * old leader hears of it only when its process next runs, and on a loaded 2-core machine
+ * (the test suite in parallel) that came up to 12 ms after the new leader's 10 ms settle ended:
+ * terms overlapped by 1.9 ms. The settle is a bound on that notification delay, not a
+ * guarantee.
+ */
 export const SCENARIO_TIMINGS = {
   healthIntervalMs: 200,
   leaseMs: 1000,
   reconnectGraceMs: 1000,
+  settleMs: 100,
   retry: { kind: "fixed", intervalMs: 100 },
 } as const satisfies Partial<CandidateConfig>;
 
