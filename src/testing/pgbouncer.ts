@@ -71,10 +71,10 @@ export async function findPgBouncer(): Promise<string | undefined> {
 }
 
 /**
- * Starts PgBouncer on a free port of 127.0.0.1, forwarding the server's `postgres` database to
- * the server over TCP with the superuser's password (and any role added with
- * {@linkcode TestPgBouncer}'s DSN: PgBouncer passes authentication through `auth_query`-free
- * `userlist.txt`, so only the superuser is known). As root it runs as the `postgres` account.
+ * Starts PgBouncer on a free port of 127.0.0.1, forwarding the `postgres` database to the
+ * server over TCP. Only the superuser `postgres` is in its `userlist.txt` (SCRAM, with the
+ * server's password), so {@linkcode TestPgBouncer.dsn} is the one way in. As root it runs as the
+ * `postgres` account; it stops when this process exits, even when killed.
  *
  * @example Session pooling in front of a throwaway server
  * ```ts ignore
