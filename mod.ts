@@ -41,6 +41,7 @@ export {
   LostEvent,
   type LostReason,
   ReleasedEvent,
+  RenewedEvent,
   StateChangeEvent,
 } from "./src/events.ts";
 export {

@@ -6,7 +6,15 @@
  *
  * @module
  */
-import { ABORTED, type Deferred, deferred, sleep, untilAborted, withDeadline } from "./_async.ts";
+import {
+  ABORTED,
+  DeadlineError,
+  type Deferred,
+  deferred,
+  sleep,
+  untilAborted,
+  withDeadline,
+} from "./_async.ts";
 import { RetrySeries } from "./_retry_series.ts";
 import { ConnectionError, LockError, PgLeaderLockError } from "./errors.ts";
 import type { LostReason } from "./events.ts";
@@ -53,6 +61,7 @@ export interface ElectionConfig {
 export interface ElectionObserver {
   state(from: LockState, to: LockState): void;
   acquired(token: bigint, regained: boolean): void;
+  renewed(token: bigint, deadline: number): void;
   released(token: bigint): void;
   lost(reason: LostReason, token: bigint, error: unknown): void;
   acquireFailed(attempt: number): void;
@@ -321,6 +330,7 @@ export class Election {
     this.#stepDownRequested = new AbortController();
     this.#setState("leader");
     this.#observer.acquired(acquisition.token!, false);
+    this.#observer.renewed(acquisition.token!, this.#lease.deadline);
     return { kind: "lead" };
   }
 
@@ -348,10 +358,13 @@ export class Election {
         held = await withDeadline(holds(session, key1, key2), this.#lease.remainingMs);
       } catch (error) {
         if (this.#sessionLost.aborted) return this.#lose("session-ended", this.#sessionError());
-        return this.#lose(this.#lease.valid ? "session-ended" : "lease-expired", error);
+        // The check's deadline is the lease's end: no answer by then is an expired lease.
+        const expired = error instanceof DeadlineError || !this.#lease.valid;
+        return this.#lose(expired ? "lease-expired" : "session-ended", error);
       }
       if (!held) return this.#lose("not-held", undefined);
       this.#lease.renew(sentAt);
+      this.#observer.renewed(this.#token!, this.#lease.deadline);
       this.#lastCheckSentAt = sentAt;
       this.#lastCheckRttMs = clock() - sentAt;
     }
@@ -441,6 +454,7 @@ export class Election {
         this.#stepDownRequested = new AbortController();
         this.#setState("leader");
         this.#observer.acquired(result.token!, true);
+        this.#observer.renewed(result.token!, this.#lease.deadline);
         return { kind: "lead" };
       } catch (error) {
         this.#destroySession();

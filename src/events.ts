@@ -164,10 +164,35 @@ export class LeaderLockErrorEvent extends Event {
   }
 }
 
+/**
+ * Dispatched each time the leader's lease is extended: right after `acquired`, and after each
+ * successful ownership check. `isLeader` stays true until `leaseExpiresAt` unless renewed again.
+ */
+export class RenewedEvent extends Event {
+  /** The fencing token of the current term. */
+  readonly fencingToken: bigint;
+  /** When the lease runs out unless renewed, on the `performance.now()` clock. */
+  readonly leaseExpiresAt: number;
+
+  /**
+   * Creates the event.
+   *
+   * @param fencingToken The token of the current term.
+   * @param leaseExpiresAt The new deadline, on the `performance.now()` clock.
+   */
+  constructor(fencingToken: bigint, leaseExpiresAt: number) {
+    super("renewed");
+    this.fencingToken = fencingToken;
+    this.leaseExpiresAt = leaseExpiresAt;
+  }
+}
+
 /** Maps each event type of a LeaderLock to its Event class. */
 export interface LeaderLockEventMap {
   /** See {@linkcode AcquiredEvent}. */
   acquired: AcquiredEvent;
+  /** See {@linkcode RenewedEvent}. */
+  renewed: RenewedEvent;
   /** See {@linkcode ReleasedEvent}. */
   released: ReleasedEvent;
   /** See {@linkcode LostEvent}. */

@@ -7,6 +7,7 @@
 import { ListenerWrappers } from "./_listeners.ts";
 import { type AcquireMode, Election, type ElectionObserver } from "./election.ts";
 import { type ConnectionOptions, makeConnector } from "./connector.ts";
+import { redactDsn } from "./dsn.ts";
 import { PgLeaderLockError, ShutdownError } from "./errors.ts";
 import {
   AcquiredEvent,
@@ -16,6 +17,7 @@ import {
   type LeaderLockEventMap,
   LostEvent,
   ReleasedEvent,
+  RenewedEvent,
   StateChangeEvent,
 } from "./events.ts";
 import { sessionSettings } from "./protocol.ts";
@@ -542,6 +544,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     return {
       state: (from, to) => this.dispatchEvent(new StateChangeEvent(from, to)),
       acquired: (token, regained) => this.dispatchEvent(new AcquiredEvent(token, regained)),
+      renewed: (token, deadline) => this.dispatchEvent(new RenewedEvent(token, deadline)),
       released: (token) => this.dispatchEvent(new ReleasedEvent(token)),
       lost: (reason, token, error) => this.dispatchEvent(new LostEvent(reason, token, error)),
       acquireFailed: (attempt) => this.dispatchEvent(new AcquireFailedEvent(attempt)),
@@ -579,7 +582,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
 }
 
 function describe(value: unknown): string {
-  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "string") return JSON.stringify(redactDsn(value));
   if (typeof value === "function") return "a function";
   if (typeof value === "object" && value !== null) return "an object";
   return String(value);

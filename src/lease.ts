@@ -51,6 +51,11 @@ export class Lease {
     this.#deadline = Math.max(this.#deadline, sentAt + this.#leaseMs - this.#marginMs);
   }
 
+  /** The moment (on the lease's clock) the lease runs out unless renewed; -Infinity when revoked. */
+  get deadline(): number {
+    return this.#deadline;
+  }
+
   /** Ends the lease at once. */
   revoke(): void {
     this.#deadline = -Infinity;

@@ -9,6 +9,8 @@
 import pg from "pg";
 import type { ConnectionParams, DsnHost } from "./dsn.ts";
 import type { LockSession, Row } from "./session.ts";
+import { ConnectionError } from "./errors.ts";
+import { assertSessionPinned } from "./pooler.ts";
 
 /**
  * The part of an npm:pg `Client` this library uses: what a custom `connect` function returns.
@@ -65,6 +67,14 @@ export class PgSession implements LockSession {
     client.on("end", () => this.#finish(undefined));
     // A client that already failed before we attached emits nothing more.
     if (!isQueryable(client)) this.#finish(new Error("Client is not connected"));
+  }
+
+  /** Our socket's local TCP port, when connected over TCP. */
+  get localPort(): number | undefined {
+    const stream =
+      (this.#client as unknown as { connection?: { stream?: { localPort?: unknown } } })
+        .connection?.stream;
+    return typeof stream?.localPort === "number" ? stream.localPort : undefined;
   }
 
   /** See {@linkcode LockSession.backendPid}. */
@@ -146,7 +156,10 @@ export async function connectPg(
       lastError = error;
       continue;
     }
-    if (await matchesTarget(session, params.targetSessionAttrs, signal)) return session;
+    if (await matchesTarget(session, params.targetSessionAttrs, signal)) {
+      await verifyPinned(session, params, host, signal, keepAliveDelayMs);
+      return session;
+    }
     session.destroy();
     lastError = new Error(
       `Server ${
@@ -159,6 +172,33 @@ export async function connectPg(
     return await connectPg({ ...params, targetSessionAttrs: "any" }, options);
   }
   throw lastError;
+}
+
+/** Refuses a pooler that moves the session between server connections (see pooler.ts). */
+async function verifyPinned(
+  session: PgSession,
+  params: ConnectionParams,
+  host: DsnHost,
+  signal: AbortSignal,
+  keepAliveDelayMs: number,
+): Promise<void> {
+  const onAbort = () => session.destroy();
+  signal.addEventListener("abort", onAbort, { once: true });
+  try {
+    await assertSessionPinned(session, {
+      target: describeHost(host) + (params.database !== undefined ? `/${params.database}` : ""),
+      dialedPort: host.port,
+      unixSocket: host.host.startsWith("/"),
+      localPort: session.localPort,
+      openProbe: () => connectOne(params, host, signal, keepAliveDelayMs),
+    });
+  } catch (error) {
+    session.destroy();
+    if (signal.aborted) throw signal.reason;
+    throw error;
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+  }
 }
 
 async function connectOne(
@@ -297,6 +337,7 @@ const PERMANENT_SQLSTATES = new Set([
  * @returns `true` when retrying is pointless.
  */
 export function isPermanentPgError(error: unknown): boolean {
+  if (error instanceof ConnectionError) return error.permanent;
   // Deno refused the connection for lack of permission: retrying cannot grant it.
   if (error instanceof Deno.errors.NotCapable || error instanceof Deno.errors.PermissionDenied) {
     return true;

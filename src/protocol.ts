@@ -6,10 +6,13 @@
  *
  * @module
  */
+import { ConnectionError } from "./errors.ts";
 import type { LockSession } from "./session.ts";
 
 /** PostgreSQL 14 added `idle_session_timeout` and `client_connection_check_interval`. */
 const PG14 = 140000;
+/** PostgreSQL 13 added pg_current_xact_id(), which the fencing token needs. */
+const PG13 = 130000;
 
 /** What the protocol needs to know about the session it runs on. */
 export interface ProtocolSession {
@@ -78,7 +81,15 @@ export async function setUp(
                FROM json_each_text($1::json) v JOIN pg_settings s ON s.name = v.key)::int AS applied`,
     [JSON.stringify(settings)],
   );
-  return { serverVersion: Number(row?.version ?? 0), backendPid: Number(row?.pid ?? 0) };
+  const serverVersion = Number(row?.version ?? 0);
+  if (serverVersion < PG13) {
+    throw new ConnectionError(
+      `PostgreSQL ${Math.floor(serverVersion / 10000)} is not supported: pgleaderlock needs ` +
+        `PostgreSQL 13 or newer (pg_current_xact_id()), and 14 or newer for the server-side lease`,
+      { permanent: true },
+    );
+  }
+  return { serverVersion, backendPid: Number(row?.pid ?? 0) };
 }
 
 /**
@@ -88,9 +99,10 @@ export async function setUp(
  * though the new primary may hand out xids the old one had already used. Assumes fewer than 2^40
  * transactions per timeline.
  */
-const TOKEN =
-  `(((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) << 40)
-   | pg_current_xact_id()::text::bigint)::text`;
+const TOKEN = `CASE WHEN set_config('synchronous_commit', 'on', true) IS NOT NULL
+     AND pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
+   THEN (((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) << 40)
+     | pg_current_xact_id()::text::bigint)::text END`;
 
 /** "This backend holds (key1, key2)": the ownership proof used by health checks and after timeouts. */
 const HOLDS = `EXISTS (SELECT 1 FROM pg_locks

@@ -55,6 +55,7 @@ function harness(session: FakeSession, overrides: Partial<ElectionConfig> = {}) 
   const observer: ElectionObserver = {
     state: (from, to) => events.push(`${from}->${to}`),
     acquired: (token) => events.push(`acquired ${token}`),
+    renewed: () => {},
     released: (token) => events.push(`released ${token}`),
     lost: (reason) => events.push(`lost ${reason}`),
     acquireFailed: (attempt) => events.push(`acquirefailed ${attempt}`),

@@ -97,7 +97,7 @@ Deno.test("LeaderLock under faults on a real PostgreSQL", async (t) => {
       );
       assert(lost.t < acquiredAt, "a stopped claiming before b started");
       // Generous: the lease is 1 s; this only checks that the server-side lease did end the session.
-    assert(acquiredAt - cutAt < 5000, `failover took ${acquiredAt - cutAt} ms`);
+      assert(acquiredAt - cutAt < 5000, `failover took ${acquiredAt - cutAt} ms`);
       proxy.setMode("pass");
       await shutdownAll([a, b]);
     },

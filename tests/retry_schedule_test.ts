@@ -15,6 +15,7 @@ import {
 const quiet: ElectionObserver = {
   state: () => {},
   acquired: () => {},
+  renewed: () => {},
   released: () => {},
   lost: () => {},
   acquireFailed: () => {},

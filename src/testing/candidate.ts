@@ -73,6 +73,14 @@ async function main(args: string[]): Promise<void> {
       if (!lock.isLeader) endTerm(token!);
     }, 1);
   });
+  lock.addEventListener("renewed", (e) => {
+    // Printed in the task of the renewal: a process frozen later has printed its deadline.
+    emit({
+      type: "lease",
+      token: String(e.fencingToken),
+      until: performance.timeOrigin + e.leaseExpiresAt,
+    });
+  });
   lock.addEventListener("lost", (e) => {
     if (sampler !== undefined) endTerm(e.fencingToken);
     emit({ type: "lost", reason: e.reason });

@@ -590,7 +590,11 @@ class TestPostgresImpl implements TestPostgres {
         await Deno.writeTextFile(this.logFile, "");
       }
     }
-    await this.query(`ALTER ROLE postgres PASSWORD ${sqlLiteral(this.password)}`);
+    // synchronous_commit is off in this kit: without it an immediate restart right after the
+    // start could lose the password.
+    await this.query(
+      `SET synchronous_commit = on; ALTER ROLE postgres PASSWORD ${sqlLiteral(this.password)}`,
+    );
   }
 
   async #spawn(signal?: AbortSignal): Promise<void> {
