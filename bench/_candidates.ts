@@ -237,8 +237,16 @@ export class Group {
     return this.candidates.filter((c) => c.alive);
   }
 
+  /** Leading candidates whose `acquired` line has arrived (it follows the `state` line). */
   get leaders(): Candidate[] {
-    return this.alive.filter((c) => c.isLeader && c.frozenAt === undefined);
+    return this.alive.filter((c) =>
+      c.isLeader && c.openTerm !== undefined && c.frozenAt === undefined
+    );
+  }
+
+  /** When the last candidate was started. */
+  get lastSpawnAt(): number {
+    return Math.max(0, ...this.candidates.map((c) => c.spawnedAt));
   }
 
   /** Every term of every candidate, in order of start. */

@@ -87,6 +87,17 @@ export const PROFILES = {
     description:
       'acquireMode "poll" with the Python library\'s defaults: try-lock with exponential backoff 1 s .. 30 s (also for reconnects), health check every 5 s (leaseMs 15000 by default)',
   },
+  pollSteady: {
+    mode: "poll",
+    name: "poll-steady",
+    config: {
+      acquireMode: "poll",
+      healthIntervalMs: 5000,
+      retry: { kind: "exponential", baseMs: 1000, maxMs: 30_000 },
+    },
+    description:
+      'the "poll" configuration with followers that have waited over a minute before the fault, so that their backoff is at its 30 s cap (a long-running fleet)',
+  },
   pollLease: {
     mode: "poll",
     name: "poll-short-lease",
@@ -164,6 +175,9 @@ export interface FaultResult {
   readonly cpuStallP50Ms: number | null;
 }
 
+/** No fault sooner than this after a candidate process was started. */
+const QUIET_AFTER_SPAWN_MS = 1500;
+
 /** How long to wait for a new leader after a fault. */
 function failoverTimeoutMs(profile: Profile, fault: Fault): number {
   if (profile.mode === "poll") return 120_000;
@@ -224,6 +238,7 @@ export async function trial(
   group: Group,
   proxies: TcpProxy[],
   replace: boolean,
+  notBefore = 0,
 ): Promise<TrialResult> {
   const settleTimeout = profile.mode === "poll" ? 60_000 : 30_000;
   const healthMs = profile.config.healthIntervalMs;
@@ -237,7 +252,9 @@ export async function trial(
     windowFrom = Math.max(now(), oldTerm.start);
     const phase = Math.random() * healthMs;
     let at = oldTerm.lastRenewalSent + phase;
-    const earliest = now() + 20;
+    // A Deno process keeps a core busy for a while after it printed `ready`: let the newest
+    // candidate's start-up end before the fault.
+    const earliest = Math.max(now() + 20, group.lastSpawnAt + QUIET_AFTER_SPAWN_MS, notBefore);
     if (at < earliest) at += Math.ceil((earliest - at) / healthMs) * healthMs;
     await sleep(at - now());
     if (group.settled && group.leaders[0] === leader && leader.openTerm === oldTerm) break;
@@ -419,6 +436,8 @@ export interface FreshJob {
   readonly profile: Profile;
   readonly faults: readonly Fault[];
   readonly trials: number;
+  /** No fault before the group is this old (ms): lets poll-mode backoff reach its cap. */
+  readonly warmupMs?: number;
 }
 
 /**
@@ -433,13 +452,21 @@ export async function runFresh(
   jobs: readonly FreshJob[],
 ): Promise<{ results: FaultResult[]; overlapTotalMs: Record<string, number> }> {
   const overlapTotal: Record<string, number> = {};
-  const one = async (profile: Profile, fault: Fault, i: number, n: number) => {
+  type Made = Awaited<ReturnType<typeof makeGroup>>;
+  const one = async (
+    profile: Profile,
+    fault: Fault,
+    i: number,
+    n: number,
+    made?: Made,
+    notBefore = 0,
+  ) => {
     const proxied = fault === "blackhole";
     const label = `${profile.name}-${fault}-${i}`;
-    const { group, proxies } = await makeGroup(env, profile, 3, proxied, label);
+    const { group, proxies } = made ?? await makeGroup(env, profile, 3, proxied, label);
     let r: TrialResult;
     try {
-      r = await trial(env, profile, fault, i, group, proxies, false);
+      r = await trial(env, profile, fault, i, group, proxies, false, notBefore);
     } catch (e) {
       r = {
         trial: i,
@@ -460,23 +487,30 @@ export async function runFresh(
     env.log(describeTrial(profile, fault, r, n));
     return r;
   };
-  const runs: { profile: Profile; fault: Fault; trials: Promise<TrialResult[]> }[] = [];
-  let started = 0;
-  for (const { profile, faults, trials } of jobs) {
+  // Start the groups one after another (each once the previous one connected: 2 cores); each
+  // runs its trial as soon as it has settled (and is old enough), side by side with the others.
+  const running: { profile: Profile; fault: Fault; result: Promise<TrialResult> }[] = [];
+  for (const { profile, faults, trials, warmupMs = 0 } of jobs) {
     for (const fault of faults.filter((f) => f !== "restart")) {
-      const indexes = Array.from({ length: trials }, (_, i) => i + 1);
-      runs.push({
-        profile,
-        fault,
-        trials: Promise.all(indexes.map(async (i) => {
-          // Stagger the starts: 2 cores.
-          await sleep(started++ * 250);
-          return one(profile, fault, i, trials);
-        })),
-      });
+      for (let i = 1; i <= trials; i++) {
+        const label = `${profile.name}-${fault}-${i}`;
+        const made = await makeGroup(env, profile, 3, fault === "blackhole", label);
+        const notBefore = now() + warmupMs;
+        running.push({ profile, fault, result: one(profile, fault, i, trials, made, notBefore) });
+        await made.group.waitFor(
+          "its candidates to connect",
+          () => made.group.candidates.every((c) => c.ready),
+          60_000,
+        ).catch(() => {});
+      }
     }
   }
-  const settled = await Promise.all(runs.map(async (run) => ({ ...run, done: await run.trials })));
+  const settled: { profile: Profile; fault: Fault; done: TrialResult[] }[] = [];
+  for (const run of running) {
+    let entry = settled.find((s) => s.profile === run.profile && s.fault === run.fault);
+    if (!entry) settled.push(entry = { profile: run.profile, fault: run.fault, done: [] });
+    entry.done.push(await run.result);
+  }
   const byKey = new Map(settled.map((r) => [`${r.profile.name}/${r.fault}`, r.done]));
   for (const { profile, faults, trials } of jobs) {
     if (!faults.includes("restart")) continue;

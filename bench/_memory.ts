@@ -6,7 +6,9 @@
  */
 import { spawnDeno, waitForLine } from "../testing.ts";
 import type { FailoverEnv } from "./_failover.ts";
-import { round } from "./_stats.ts";
+import { holds } from "../src/protocol.ts";
+import type { LockSession } from "../src/session.ts";
+import { round, summarize } from "./_stats.ts";
 
 /** One probe process. */
 export interface MemoryProbe {
@@ -23,6 +25,13 @@ export interface MemoryProbe {
   readonly heapPerInstanceKiB: number | null;
   /** From the first start() to every instance leading (ms). */
   readonly startMs: number;
+  /** `lost` events in the probe before it was measured. */
+  readonly lost: number;
+  /**
+   * Round trip of the leader's ownership check (`holds()` of src/protocol.ts, which reads
+   * pg_locks) with these instances' locks held, median of 21 (ms).
+   */
+  readonly ownershipCheckMs: number | null;
   /** The instances' backends on the server. */
   readonly server: {
     readonly backends: number;
@@ -40,6 +49,31 @@ export interface MemoryResult {
   readonly serverSharedMemory: string;
   readonly maxConnections: number;
   readonly notes: string[];
+}
+
+/**
+ * The probes' health check interval. At the default 5 s, 1000 leaders' ownership checks (each
+ * reads all of pg_locks) need more server CPU than 2 cores have; memory does not depend on it.
+ */
+const PROBE_HEALTH_INTERVAL_MS = 60_000;
+
+/** Times the library's own ownership check statement on the bench's session. */
+async function timeOwnershipCheck(env: FailoverEnv): Promise<number | null> {
+  const session = {
+    query: (text: string, values?: readonly unknown[]) =>
+      env.admin.query(text, [...(values ?? [])]),
+  } as unknown as LockSession;
+  const samples: number[] = [];
+  try {
+    for (let i = 0; i < 21; i++) {
+      const t0 = performance.now();
+      await holds(session, 7003, 0);
+      samples.push(performance.now() - t0);
+    }
+  } catch {
+    return null;
+  }
+  return round(summarize(samples).p50 ?? 0, 2);
 }
 
 async function smaps(pid: number): Promise<{ private: number; pss: number } | undefined> {
@@ -60,7 +94,12 @@ async function probe(
   await using child = spawnDeno(new URL("./memory_probe.ts", import.meta.url), {
     permissions: ["-A", "--v8-flags=--expose-gc"],
     args: [
-      JSON.stringify({ dsn: env.server.dsnFor({ database: env.database }), count, key1: 7003 }),
+      JSON.stringify({
+        dsn: env.server.dsnFor({ database: env.database }),
+        count,
+        key1: 7003,
+        healthIntervalMs: PROBE_HEALTH_INTERVAL_MS,
+      }),
     ],
   });
   const line = await waitForLine(child, '"type":"memory"', { timeoutMs: 300_000 });
@@ -76,11 +115,14 @@ async function probe(
     pssSum += s.pss;
     measured++;
   }
+  const ownershipCheckMs = await timeOwnershipCheck(env);
   child.kill("SIGTERM");
   await waitForLine(child, '"type":"stopped"', { timeoutMs: 60_000 }).catch(() => {});
   return {
     instances: count,
     leaders: m.leaders,
+    lost: m.lost,
+    ownershipCheckMs,
     rssBytes: m.rss,
     heapUsedBytes: m.heapUsed,
     externalBytes: m.external,
@@ -104,6 +146,9 @@ export async function runMemory(env: FailoverEnv, counts: number[]): Promise<Mem
     "SELECT current_setting('shared_memory_size') AS shm, current_setting('max_connections')::int AS mc",
   );
   const maxConnections = Number(settings?.mc ?? 0);
+  notes.push(
+    `The probes run with healthIntervalMs ${PROBE_HEALTH_INTERVAL_MS} (memory does not depend on it). At the default 5 s, 1000 leaders on this 2-core machine collapsed: their ownership checks (each reads pg_locks, which visits every backend's lock data) ran concurrently at up to 200/s and took 24-85 ms each on the server (pg_stat_statements), more CPU than the machine has; leases ran out and the sessions fell from 900 to 1 within 15 s, then reconnected with backoff (seen while developing this benchmark). ownershipCheckMs is the same check alone, uncontended.`,
+  );
   const base = await probe(env, 0);
   env.log(
     `[memory] baseline (mod.ts and npm:pg loaded, no instance): rss ${
@@ -125,7 +170,7 @@ export async function runMemory(env: FailoverEnv, counts: number[]): Promise<Mem
       };
       probes.push(entry);
       env.log(
-        `[memory] ${count} instances (${p.leaders} leading, started in ${p.startMs} ms): rss ${
+        `[memory] ${count} instances (${p.leaders} leading, ${p.lost} lost, started in ${p.startMs} ms, ownership check ${p.ownershipCheckMs} ms): rss ${
           (p.rssBytes / 2 ** 20).toFixed(1)
         } MiB, ${entry.rssPerInstanceKiB} KiB/instance; server ${p.server.privateKiBPerBackend} KiB private per backend`,
       );

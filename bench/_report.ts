@@ -135,8 +135,16 @@ export function ms(x: number | null | undefined): string {
   return `${(x / 1000).toFixed(1)} s`;
 }
 
+/** The profile of the poll-mode trials whose followers had waited over a minute. */
+const STEADY = "poll-steady";
+
 function find(failover: FaultResult[], fault: string, mode: string): FaultResult | undefined {
-  return failover.find((r) => r.fault === fault && r.mode === mode);
+  return failover.find((r) => r.fault === fault && r.mode === mode && r.profile !== STEADY);
+}
+
+/** What a result is called in the chart's rows of modes. */
+function modeLabel(r: FaultResult): string {
+  return r.profile === STEADY ? "poll, waited > 1 min" : r.mode;
 }
 
 /** Judges the run against the issue's targets. */
@@ -254,6 +262,17 @@ export function markdown(results: Results, chartPath: string): string {
       ? `${Math.round(p.failover.p50 / w.failover.p50)}×`
       : "–";
     lines.push(`| ${LABELS[fault]} | ${cell(w)} | ${cell(p)} | ${ratio} |`);
+    const steady = results.failover.find((r) => r.fault === fault && r.profile === STEADY);
+    if (steady) {
+      const ratio = w?.failover.p50 && steady.failover.p50
+        ? `${Math.round(steady.failover.p50 / w.failover.p50)}×`
+        : "–";
+      lines.push(
+        `| ${LABELS[fault]}, poll followers waiting > 1 min | ${cell(w)} | ${
+          cell(steady)
+        } | ${ratio} |`,
+      );
+    }
   }
   lines.push(
     "",
@@ -267,7 +286,12 @@ export function markdown(results: Results, chartPath: string): string {
   const rows = [...results.failover].sort((a, b) =>
     FAULTS.indexOf(a.fault) - FAULTS.indexOf(b.fault) || a.mode.localeCompare(b.mode) * -1
   );
-  for (const r of rows) lines.push(failoverRow(r, LABELS[r.fault] ?? r.fault));
+  for (const r of rows) {
+    const label = LABELS[r.fault] ?? r.fault;
+    lines.push(
+      failoverRow(r, r.profile === STEADY ? `${label}, followers waiting > 1 min` : label),
+    );
+  }
   for (const r of results.load?.handover ?? []) {
     lines.push(
       failoverRow(r, `${LABELS[r.fault]} with ${r.profile.replace("load-", "")} candidates`),
@@ -319,18 +343,18 @@ export function markdown(results: Results, chartPath: string): string {
       "",
       `Memory of one process holding N LeaderLock instances (each on its own key, so each leads and holds one session); server side per backend from /proc/<pid>/smaps_rollup. max_connections ${mem.maxConnections}, shared_memory_size ${mem.serverSharedMemory}.`,
       "",
-      "| instances | process RSS | per instance (RSS) | per instance (JS heap) | server backends | private memory per backend | PSS per backend |",
-      "|---:|---:|---:|---:|---:|---:|---:|",
+      "| instances | leading when measured | process RSS | per instance (RSS) | per instance (JS heap) | server backends | private memory per backend | PSS per backend | ownership check alone |",
+      "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     );
     for (const p of mem.probes) {
       const rss = `${(p.rssBytes / 2 ** 20).toFixed(1)} MiB`;
       const server = p.server;
       lines.push(
-        `| ${p.instances} | ${rss} | ${kib(p.rssPerInstanceKiB)} | ${
+        `| ${p.instances} | ${p.leaders} | ${rss} | ${kib(p.rssPerInstanceKiB)} | ${
           kib(p.heapPerInstanceKiB)
         } | ${server.backends} | ${kib(server.privateKiBPerBackend)} | ${
           kib(server.pssKiBPerBackend)
-        } |`,
+        } | ${p.ownershipCheckMs === null ? "–" : `${p.ownershipCheckMs} ms`} |`,
       );
     }
     for (const note of mem.notes) lines.push("", `Note: ${note}`);
@@ -378,14 +402,15 @@ export async function chart(results: Results): Promise<string> {
     const fault = LABELS[r.fault] ?? r.fault;
     for (const t of r.trials) {
       if (t.failoverMs !== null) {
-        values.push({ fault, mode: r.mode, ms: t.failoverMs, kind: "trial" });
+        values.push({ fault, mode: modeLabel(r), ms: t.failoverMs, kind: "trial" });
       }
     }
     if (r.failover.p50 !== null) {
-      values.push({ fault, mode: r.mode, ms: r.failover.p50, kind: "p50" });
+      values.push({ fault, mode: modeLabel(r), ms: r.failover.p50, kind: "p50" });
     }
   }
   const faultOrder = FAULTS.map((f) => LABELS[f]);
+  const MODES = ["wait", "poll", "poll, waited > 1 min"];
   const spec = {
     $schema: "https://vega.github.io/schema/vega-lite/v6.json",
     title: {
@@ -429,11 +454,11 @@ export async function chart(results: Results): Promise<string> {
                 labelExpr: "datum.value < 1000 ? datum.value + ' ms' : datum.value / 1000 + ' s'",
               },
             },
-            y: { field: "mode", type: "nominal", title: null, sort: ["wait", "poll"] },
+            y: { field: "mode", type: "nominal", title: null, sort: MODES },
             color: {
               field: "mode",
               type: "nominal",
-              scale: { domain: ["wait", "poll"], range: ["#1f77b4", "#ff7f0e"] },
+              scale: { domain: MODES, range: ["#1f77b4", "#ff7f0e", "#d62728"] },
               legend: { title: "acquireMode" },
             },
           },
@@ -443,7 +468,7 @@ export async function chart(results: Results): Promise<string> {
           mark: { type: "tick", thickness: 3, color: "black", size: 18, clip: true },
           encoding: {
             x: { field: "ms", type: "quantitative" },
-            y: { field: "mode", type: "nominal", sort: ["wait", "poll"] },
+            y: { field: "mode", type: "nominal", sort: MODES },
           },
         },
       ],

@@ -166,7 +166,11 @@ try {
     }
     // Poll-mode trials take seconds each: they run side by side on separate keys.
     if (modes.has("poll")) {
+      // A minute of waiting does not fit in a quick run.
+      const steady = quick ? [] : msFaults.filter((f) => f === "sigkill");
       const jobs = [
+        // First, so that their minute of waiting overlaps the other trials.
+        { profile: PROFILES.pollSteady, faults: steady, trials: plan.pollTrials, warmupMs: 65_000 },
         { profile: PROFILES.poll, faults: msFaults, trials: plan.pollTrials },
         { profile: PROFILES.pollLease, faults: leaseFaults, trials: plan.pollLeaseTrials },
       ].filter((job) => job.faults.length > 0);
@@ -194,7 +198,7 @@ try {
 const notes = [
   "Idle followers in wait mode run two statements per wait window: the wait (pg_advisory_lock under lock_timeout), and after its timeout a check whether the lock was granted anyway (the grant can race the timeout).",
   "Server restart: wait mode reconnects every 50 ms (FixedInterval), poll mode with the library default ExponentialBackoff (1 s doubling to 30 s); the failover includes the server's own stop and start.",
-  "Poll mode: each trial starts three fresh candidates, so followers had waited at most about ten seconds and polled every 1-8 s; followers that have waited longer poll every 30 s, so in a long-running fleet a poll-mode failover takes up to 30 s more.",
+  "Poll mode: each trial starts three fresh candidates; the fault comes 1.5-7 s after they start, when followers poll every 1-4 s. Followers that have waited over a minute poll every 30 s: the poll-steady rows (SIGKILL only) inject the fault once the candidates are 65 s old.",
   "The old leader's term ends at the earliest of: its `term-end` line (isLeader sampled every millisecond), its SIGKILL, and its last successful statement's send time + leaseMs (the lease cannot outlast that; used for a frozen leader).",
 ];
 const partial = {
