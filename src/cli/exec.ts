@@ -27,6 +27,7 @@
  *
  * @module
  */
+import { sleep } from "../_async.ts";
 import type { LeaderLock } from "../leader_lock.ts";
 import { leaseMarginMs } from "../lease.ts";
 import { parseArgs, seconds, UsageError } from "./_args.ts";
@@ -202,7 +203,7 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     }
     // --restart: pace reruns, then let a waiting follower have a turn.
     if (outcome.kind === "exited") {
-      await abortableDelay(settings.retryBaseMs, campaign.controller.signal);
+      await sleep(settings.retryBaseMs, [campaign.controller.signal]);
     }
     if (lock.isLeader && !stopRequested) {
       logger.event("stepdown", {
@@ -245,19 +246,6 @@ function nextTerm(campaign: Campaign): Promise<bigint | undefined> {
     lock.addEventListener("acquired", onAcquired);
     lock.addEventListener("statechange", onState);
     campaign.controller.signal.addEventListener("abort", onAbort, { once: true });
-  });
-}
-
-function abortableDelay(ms: number, signal: AbortSignal): Promise<void> {
-  if (signal.aborted) return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      signal.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
   });
 }
 

@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { sleep } from "../_async.ts";
 import { inspectLocks } from "../who_leads.ts";
 import type { AdvisoryLockInfo, SessionInfo } from "../protocol.ts";
 import { int32, parseArgs, seconds, UsageError } from "./_args.ts";
@@ -106,7 +107,7 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
       if (controller.signal.aborted) return 0;
       logger.event("error", { message: errorMessage(error) });
       if (!watch) return 1;
-      await sleep(intervalMs, controller.signal);
+      await sleep(intervalMs, [controller.signal]);
       if (controller.signal.aborted) return 0;
       previous = undefined;
       continue;
@@ -120,7 +121,7 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
       previous = snapshot;
     }
     if (!watch) return 0;
-    await sleep(intervalMs, controller.signal);
+    await sleep(intervalMs, [controller.signal]);
     if (controller.signal.aborted) return 0;
   }
 }
@@ -185,17 +186,4 @@ function lockJson(lock: AdvisoryLockInfo): Record<string, FieldValue> {
     waiting: lock.waiters.length,
     waiters: lock.waiters.map(sessionJson),
   };
-}
-
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
-  if (signal.aborted) return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      signal.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
-  });
 }
