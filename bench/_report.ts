@@ -232,6 +232,7 @@ export function markdown(results: Results, chartPath: string): string {
         ? ""
         : `; some task waited for a CPU during ${results.cpuPressurePct} % of the run (PSI)`
     }.`,
+    "",
     `Sections: ${
       results.timeline.map((t) =>
         `${t.name} ${t.durationS} s${
@@ -427,17 +428,22 @@ export async function chart(results: Results): Promise<string> {
         sort: faultOrder,
         title: null,
         header: {
+          labelOrient: "top",
           labelAngle: 0,
-          labelAlign: "right",
-          labelPadding: 8,
+          labelAlign: "left",
+          labelAnchor: "start",
           labelFontSize: 12,
-          labelLimit: 400,
+          labelFontWeight: "bold",
+          labelPadding: 2,
         },
       },
     },
+    // Each fault shows only the modes it was measured in.
+    resolve: { scale: { y: "independent" } },
+    spacing: 14,
     spec: {
-      width: 560,
-      height: 44,
+      width: 640,
+      height: { step: 14 },
       layer: [
         {
           transform: [{ filter: "datum.kind === 'trial'" }],
@@ -459,7 +465,7 @@ export async function chart(results: Results): Promise<string> {
               field: "mode",
               type: "nominal",
               scale: { domain: MODES, range: ["#1f77b4", "#ff7f0e", "#d62728"] },
-              legend: { title: "acquireMode" },
+              legend: { title: "acquireMode", labelLimit: 300 },
             },
           },
         },

@@ -45,6 +45,7 @@ const { values: flags } = parseArgs({
     only: { type: "string" },
     faults: { type: "string" },
     modes: { type: "string" },
+    "report-only": { type: "string" },
     out: { type: "string" },
   },
 });
@@ -83,6 +84,40 @@ const started = performance.now();
 const stallAtStart = cpuStallMs();
 const log = (line: string) =>
   console.error(`${((performance.now() - started) / 1000).toFixed(1).padStart(6)}s ${line}`);
+
+if (flags["report-only"] !== undefined) {
+  // Redraw the markdown and the chart from a results file, without measuring.
+  const results: Results = JSON.parse(await Deno.readTextFile(flags["report-only"]));
+  await writeReport(results);
+  Deno.exit(0);
+}
+
+async function writeReport(results: Results): Promise<void> {
+  await Deno.mkdir(outDir, { recursive: true });
+  const jsonUrl = new URL("latest.json", outDir);
+  const mdUrl = new URL("latest.md", outDir);
+  const svgUrl = new URL("failover.svg", outDir);
+  if (flags["report-only"] === undefined) {
+    await Deno.writeTextFile(jsonUrl, JSON.stringify(results, null, 2) + "\n");
+  }
+  if (results.failover.length > 0) await Deno.writeTextFile(svgUrl, await chart(results));
+  // The README embeds the chart from the repository root.
+  const relative = svgUrl.pathname.replace(new URL("../", import.meta.url).pathname, "");
+  await Deno.writeTextFile(mdUrl, markdown(results, relative));
+  // As `deno fmt` would have them, so that `deno fmt --check` passes on the committed files.
+  await new Deno.Command(Deno.execPath(), {
+    args: [
+      "fmt",
+      "--quiet",
+      mdUrl.pathname,
+      ...(flags["report-only"] === undefined ? [jsonUrl.pathname] : []),
+    ],
+    stdout: "null",
+    stderr: "inherit",
+  }).output();
+  console.log(await Deno.readTextFile(mdUrl));
+  log(`wrote ${mdUrl.pathname}${results.failover.length ? `, ${svgUrl.pathname}` : ""}`);
+}
 
 await using server = await startPostgres({
   settings: {
@@ -222,15 +257,4 @@ const partial = {
 };
 const results: Results = { ...partial, targets: targets(partial) };
 
-await Deno.mkdir(outDir, { recursive: true });
-const jsonUrl = new URL("latest.json", outDir);
-const mdUrl = new URL("latest.md", outDir);
-const svgUrl = new URL("failover.svg", outDir);
-await Deno.writeTextFile(jsonUrl, JSON.stringify(results, null, 2) + "\n");
-if (failover.length > 0) await Deno.writeTextFile(svgUrl, await chart(results));
-// The README embeds the chart from the repository root.
-const relative = svgUrl.pathname.replace(new URL("../", import.meta.url).pathname, "");
-const md = markdown(results, relative);
-await Deno.writeTextFile(mdUrl, md);
-console.log(md);
-log(`wrote ${jsonUrl.pathname}, ${mdUrl.pathname}${failover.length ? `, ${svgUrl.pathname}` : ""}`);
+await writeReport(results);
