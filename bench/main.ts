@@ -110,6 +110,7 @@ async function writeReport(results: Results): Promise<void> {
       "fmt",
       "--quiet",
       mdUrl.pathname,
+      ...(results.failover.length > 0 ? [svgUrl.pathname] : []),
       ...(flags["report-only"] === undefined ? [jsonUrl.pathname] : []),
     ],
     stdout: "null",
