@@ -66,6 +66,8 @@ export interface ElectionObserver {
   lost(reason: LostReason, token: bigint, error: unknown): void;
   acquireFailed(attempt: number): void;
   leaderChange(holder: Holder): void;
+  /** Whether anyone listens to leader changes (worth one extra statement per wait window). */
+  wantsHolder(): boolean;
   error(error: unknown): void;
   connected(): void;
 }
@@ -283,16 +285,26 @@ export class Election {
         if (result.held) return await this.#becomeLeader(result, sentAt);
         this.#failedAttempt(result, ++attempt);
       }
+      // After a window passes, the grant can have raced the timeout (madelson/DistributedLock#147).
+      // With a leaderchange listener, one statement asks at once and reads the holder; without,
+      // the next wait statement asks first: one statement per window.
+      let askFirst = false;
       for (;;) {
         const sentAt = this.#config.clock();
         let result: Acquisition | typeof ABORTED;
         try {
-          result = await this.#statement((s, p) => waitLock(s, p, ...this.#lockArgs()));
+          result = await this.#statement((s, p) => waitLock(s, p, ...this.#lockArgs(), askFirst));
         } catch (error) {
           if (sqlState(error) !== LOCK_TIMEOUT_SQLSTATE) throw error;
-          // The grant can race the timeout (madelson/DistributedLock#147): ask.
+          this.#connectSeries.reset();
+          if (!this.#observer.wantsHolder()) {
+            askFirst = true;
+            this.#observer.acquireFailed(++attempt);
+            continue;
+          }
           result = await this.#statement((s, p) => holdsWithToken(s, p, ...this.#lockArgs()));
         }
+        askFirst = false;
         if (result === ABORTED) return DONE;
         this.#connectSeries.reset();
         if (result.held) return await this.#becomeLeader(result, sentAt);

@@ -103,8 +103,9 @@ export class AcquireFailedEvent extends Event {
 
 /**
  * Dispatched by a follower when it sees a different session holding the lock than it last saw
- * (what Kubernetes' OnNewLeader and etcd's Observe give). Read in the same statement as each
- * failed attempt, so it costs no extra query.
+ * (what Kubernetes' OnNewLeader and etcd's Observe give). The holder is read with each failed
+ * try-lock and, once a `leaderchange` listener exists, by one extra statement per expired wait
+ * window (without a listener a follower spends one statement per window).
  */
 export class LeaderChangeEvent extends Event {
   /** The holder's identity (its application_name), when this role may see it. */

@@ -179,6 +179,8 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   #running: Promise<void> | undefined;
   #started: Promise<void> | undefined;
   #shutdown: Promise<void> | undefined;
+  /** Set by the first leaderchange listener: followers then read the holder after every window. */
+  #watchesLeader = false;
   readonly #wrappers = new ListenerWrappers(
     this,
     (error, event) => this.#listenerFailed(error, event),
@@ -490,6 +492,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     options?: boolean | AddEventListenerOptions,
   ): void {
     if (listener === null) return;
+    if (type === "leaderchange") this.#watchesLeader = true;
     super.addEventListener(type, this.#wrappers.get(type, listener, options, true)!, options);
   }
 
@@ -548,6 +551,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
       released: (token) => this.dispatchEvent(new ReleasedEvent(token)),
       lost: (reason, token, error) => this.dispatchEvent(new LostEvent(reason, token, error)),
       acquireFailed: (attempt) => this.dispatchEvent(new AcquireFailedEvent(attempt)),
+      wantsHolder: () => this.#watchesLeader,
       leaderChange: (holder) =>
         this.dispatchEvent(new LeaderChangeEvent(holder.pid, holder.identity)),
       error: (error) => this.dispatchEvent(new LeaderLockErrorEvent(error)),

@@ -222,6 +222,7 @@ export function tryLock(
  * @param key1 First key.
  * @param key2 Second key.
  * @param leaseMs The lease.
+ * @param askFirst Whether to ask first if the session holds the lock already (after a timeout).
  * @returns The acquisition (always held when it resolves).
  */
 export function waitLock(
@@ -230,9 +231,19 @@ export function waitLock(
   key1: number,
   key2: number,
   leaseMs: number,
+  askFirst = false,
 ): Promise<Acquisition> {
-  // pg_advisory_lock returns void, which IS NOT NULL once granted.
-  return acquisition(session, p, [key1, key2], leaseMs, "pg_advisory_lock($1, $2) IS NOT NULL");
+  // pg_advisory_lock returns void, which IS NOT NULL once granted. With askFirst, a lock granted
+  // in the race with the previous window's timeout is found before waiting again (CASE keeps the
+  // order: a session must never lock twice).
+  const wait = "pg_advisory_lock($1, $2) IS NOT NULL";
+  return acquisition(
+    session,
+    p,
+    [key1, key2],
+    leaseMs,
+    askFirst ? `CASE WHEN ${HOLDS} THEN true ELSE ${wait} END` : wait,
+  );
 }
 
 /**

@@ -49,13 +49,18 @@ function soleHolder(options: { unlockReturns?: boolean; heldOnCheck?: () => bool
   };
 }
 
-function harness(session: FakeSession, overrides: Partial<ElectionConfig> = {}) {
+function harness(
+  session: FakeSession,
+  overrides: Partial<ElectionConfig> = {},
+  wantsHolder = true,
+) {
   let now = 1000;
   const events: string[] = [];
   const observer: ElectionObserver = {
     state: (from, to) => events.push(`${from}->${to}`),
     acquired: (token) => events.push(`acquired ${token}`),
     renewed: () => {},
+    wantsHolder: () => wantsHolder,
     released: (token) => events.push(`released ${token}`),
     lost: (reason) => events.push(`lost ${reason}`),
     acquireFailed: (attempt) => events.push(`acquirefailed ${attempt}`),
@@ -195,4 +200,47 @@ Deno.test("a follower reports acquirefailed per window and leaderchange only whe
     "leaderchange 8",
   ]);
   assert(events.filter((e) => e.startsWith("acquirefailed")).length >= 4);
+});
+
+Deno.test("without a leaderchange listener a follower spends one statement per wait window, and finds a grant that raced the timeout", async () => {
+  let windows = 0;
+  const session = new FakeSession((sql) => {
+    if (sql.includes("server_version_num")) return [{ version: 150000, pid: 42 }];
+    if (sql.includes("pg_try_advisory_lock")) return [{ ok: false, token: null }];
+    if (sql.includes("CASE WHEN EXISTS")) {
+      // The previous window's timeout raced a grant: the session holds the lock already.
+      return [{ ok: true, token: "900" }];
+    }
+    if (sql.includes("pg_advisory_lock(")) {
+      windows++;
+      return new Promise((_, reject) =>
+        setTimeout(() => reject(Object.assign(new Error("lock timeout"), { code: "55P03" })), 5)
+      );
+    }
+    throw new Error(`unexpected ${sql}`);
+  });
+  const { election, events } = harness(
+    session,
+    { healthIntervalMs: 100_000, leaseMs: 300_000 },
+    false,
+  );
+  const running = election.run();
+  await until(() => election.isLeader);
+  election.stop();
+  await running;
+  assertEquals(windows, 1);
+  assert(events.includes("acquired 900"));
+  // try-lock, one wait window, then the asking wait: no separate "holds?" statement.
+  const kinds = session.statements.map((s) =>
+    s.includes("server_version_num")
+      ? "setup"
+      : s.includes("pg_try_advisory_lock")
+      ? "try"
+      : s.includes("CASE WHEN EXISTS")
+      ? "ask-then-wait"
+      : s.includes("pg_advisory_unlock")
+      ? "unlock"
+      : "wait"
+  );
+  assertEquals(kinds, ["setup", "try", "wait", "ask-then-wait", "unlock"]);
 });

@@ -16,6 +16,7 @@ const quiet: ElectionObserver = {
   state: () => {},
   acquired: () => {},
   renewed: () => {},
+  wantsHolder: () => false,
   released: () => {},
   lost: () => {},
   acquireFailed: () => {},
