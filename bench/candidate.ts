@@ -24,6 +24,7 @@
  */
 // @ts-types="../src/_pg.d.ts"
 import pg from "pg";
+import { runCandidate } from "../src/testing/candidate.ts";
 import {
   ExponentialBackoff,
   FixedInterval,
@@ -150,34 +151,7 @@ async function main(args: string[]): Promise<void> {
   lock.addEventListener("error", (e) => {
     emit({ type: "error", message: e.error instanceof Error ? e.error.message : String(e.error) });
   });
-  const stop = () => controller.abort();
-  const stepDown = () => {
-    emit({ type: "step-down" });
-    lock.stepDown().catch((error) => {
-      emit({ type: "error", message: `stepDown: ${error?.message ?? error}` });
-    });
-  };
-  Deno.addSignalListener("SIGTERM", stop);
-  Deno.addSignalListener("SIGINT", stop);
-  Deno.addSignalListener("SIGUSR1", stepDown);
-  const stopped = new Promise<void>((resolve) => {
-    lock.addEventListener("statechange", (e) => {
-      if (e.to === "stopped") resolve();
-    });
-  });
-  try {
-    await lock.start();
-    emit({ type: "ready", backendPid: lock.backendPid });
-  } catch (error) {
-    emit({ type: "error", message: error instanceof Error ? error.message : String(error) });
-  }
-  await stopped;
-  await lock.shutdown().catch(() => {});
-  clearInterval(sampler);
-  Deno.removeSignalListener("SIGTERM", stop);
-  Deno.removeSignalListener("SIGINT", stop);
-  Deno.removeSignalListener("SIGUSR1", stepDown);
-  emit({ type: "stopped" });
+  await runCandidate(lock, controller, (record) => emit(record), () => clearInterval(sampler));
 }
 
 if (import.meta.main) await main(Deno.args);

@@ -97,10 +97,31 @@ async function main(args: string[]): Promise<void> {
   lock.addEventListener("error", (e) => {
     emit({ type: "error", message: e.error instanceof Error ? e.error.message : String(e.error) });
   });
+  await runCandidate(lock, controller, emit, () => clearInterval(sampler));
+}
+
+/**
+ * Runs a started-or-not candidate until it stops: SIGTERM and SIGINT abort `controller` (the lock's
+ * shutdown signal), SIGUSR1 calls `stepDown()`. Prints `ready` once connected and `stopped` at the
+ * end; `cleanup` runs just before that.
+ *
+ * @param lock The lock, built with `controller.signal` as its signal.
+ * @param controller Its shutdown controller.
+ * @param emit Prints one record.
+ * @param cleanup Clears what the caller set up (timers).
+ */
+export async function runCandidate(
+  lock: LeaderLock,
+  controller: AbortController,
+  emit: (record: Record<string, unknown>) => void,
+  cleanup: () => void = () => {},
+): Promise<void> {
   const stop = () => controller.abort();
   const stepDown = () => {
-    emit({ type: "stepdown-requested" });
-    lock.stepDown().catch((error) => emit({ type: "error", message: String(error) }));
+    emit({ type: "step-down" });
+    lock.stepDown().catch((error) =>
+      emit({ type: "error", message: `stepDown: ${String(error)}` })
+    );
   };
   Deno.addSignalListener("SIGTERM", stop);
   Deno.addSignalListener("SIGINT", stop);
@@ -118,7 +139,7 @@ async function main(args: string[]): Promise<void> {
   }
   await stopped;
   await lock.shutdown().catch(() => {});
-  clearInterval(sampler);
+  cleanup();
   Deno.removeSignalListener("SIGTERM", stop);
   Deno.removeSignalListener("SIGINT", stop);
   Deno.removeSignalListener("SIGUSR1", stepDown);
