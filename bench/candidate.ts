@@ -24,15 +24,8 @@
  */
 // @ts-types="../src/_pg.d.ts"
 import pg from "pg";
-import { runCandidate } from "../src/testing/candidate.ts";
-import {
-  ExponentialBackoff,
-  FixedInterval,
-  LeaderLock,
-  type LeaderLockOptions,
-  type PgClient,
-  type RetryStrategy,
-} from "../mod.ts";
+import { retryStrategyFrom, runCandidate } from "../src/testing/candidate.ts";
+import { LeaderLock, type LeaderLockOptions, type PgClient } from "../mod.ts";
 
 /** The JSON a bench candidate takes as its first argument. */
 export interface BenchCandidateConfig
@@ -53,20 +46,10 @@ function emit(record: Record<string, unknown>, t = now()): void {
   console.log(JSON.stringify({ t, ...record }));
 }
 
-function strategy(config: BenchCandidateConfig["retry"]): RetryStrategy | undefined {
-  if (!config) return undefined;
-  return config.kind === "fixed"
-    ? new FixedInterval({ intervalMs: config.intervalMs })
-    : new ExponentialBackoff({
-      ...(config.baseMs !== undefined ? { baseMs: config.baseMs } : {}),
-      ...(config.maxMs !== undefined ? { maxMs: config.maxMs } : {}),
-    });
-}
-
 async function main(args: string[]): Promise<void> {
   const { retry, dsn, ...options } = JSON.parse(args[0] ?? "{}") as BenchCandidateConfig;
   const leaseMs = options.leaseMs ?? 3 * (options.healthIntervalMs ?? 5000);
-  const retryStrategy = strategy(retry);
+  const retryStrategy = retryStrategyFrom(retry);
   const controller = new AbortController();
   /** Sent and returned times of the last statement that succeeded. */
   let lastOk = { sent: 0, returned: 0 };

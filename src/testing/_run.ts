@@ -139,3 +139,38 @@ export function asUser(
   }
   return ["runuser", ["-u", user.name, "--", command, ...args]];
 }
+
+/**
+ * Starts a postmaster in the foreground as `user`, its output appended to `logFile`.
+ *
+ * @param options The service user, bin dir, data dir, port, log file and working directory.
+ * @returns The child process.
+ */
+export function spawnPostmaster(options: {
+  user: ServiceUser | null;
+  binDir: string;
+  dataDir: string;
+  port: number;
+  logFile: string;
+  cwd: string;
+}): Deno.ChildProcess {
+  const { user, binDir, dataDir, port, logFile, cwd } = options;
+  const [command, args] = asUser(user, "/bin/sh", [
+    "-c",
+    'log="$1"; shift; exec "$@" >>"$log" 2>&1',
+    "sh",
+    logFile,
+    `${binDir}/postgres`,
+    "-D",
+    dataDir,
+    "-p",
+    String(port),
+  ]);
+  return new Deno.Command(command, {
+    args,
+    cwd,
+    stdin: "null",
+    stdout: "null",
+    stderr: "null",
+  }).spawn();
+}

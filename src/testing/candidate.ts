@@ -39,7 +39,13 @@ function emit(record: Record<string, unknown>): void {
   console.log(JSON.stringify({ t: now(), pid: Deno.pid, ...record }));
 }
 
-function strategy(config: CandidateConfig["retry"]): RetryStrategy | undefined {
+/**
+ * Builds the retry strategy a candidate config describes.
+ *
+ * @param config The `retry` field of a {@linkcode CandidateConfig}.
+ * @returns The strategy, or `undefined` for the library default.
+ */
+export function retryStrategyFrom(config: CandidateConfig["retry"]): RetryStrategy | undefined {
   if (!config) return undefined;
   return config.kind === "fixed"
     ? new FixedInterval({ intervalMs: config.intervalMs })
@@ -51,7 +57,7 @@ function strategy(config: CandidateConfig["retry"]): RetryStrategy | undefined {
 
 async function main(args: string[]): Promise<void> {
   const { retry, ...options } = JSON.parse(args[0] ?? "{}") as CandidateConfig;
-  const retryStrategy = strategy(retry);
+  const retryStrategy = retryStrategyFrom(retry);
   const controller = new AbortController();
   const lock = new LeaderLock({
     ...options,

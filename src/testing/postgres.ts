@@ -13,7 +13,7 @@ import { cacheRoot, exists, makeWorkDir, publishDir } from "./_cache.ts";
 import { freePort } from "./_free_port.ts";
 import { childPids, descendantPids, isAlive, processState, trySignal } from "./_process_tree.ts";
 import { PgClient } from "./_pg.ts";
-import { asUser, run, type ServiceUser, serviceUser } from "./_run.ts";
+import { asUser, run, type ServiceUser, serviceUser, spawnPostmaster } from "./_run.ts";
 
 /** Options of {@linkcode startPostgres}. */
 export interface StartPostgresOptions {
@@ -601,24 +601,14 @@ class TestPostgresImpl implements TestPostgres {
     signal?.throwIfAborted();
     // A postmaster.pid left by a killed server would read as "ready" before the new one starts.
     await Deno.remove(join(this.dataDir, "postmaster.pid")).catch(() => {});
-    const [command, args] = asUser(this.#user, "/bin/sh", [
-      "-c",
-      'log="$1"; shift; exec "$@" >>"$log" 2>&1',
-      "sh",
-      this.logFile,
-      join(this.#binaries.binDir, "postgres"),
-      "-D",
-      this.dataDir,
-      "-p",
-      String(this.#port),
-    ]);
-    const child = new Deno.Command(command, {
-      args,
+    const child = spawnPostmaster({
+      user: this.#user,
+      binDir: this.#binaries.binDir,
+      dataDir: this.dataDir,
+      port: this.#port,
+      logFile: this.logFile,
       cwd: this.#baseDir,
-      stdin: "null",
-      stdout: "null",
-      stderr: "null",
-    }).spawn();
+    });
     let exitStatus: Deno.CommandStatus | undefined;
     const exited = child.status.then((status) => {
       exitStatus = status;

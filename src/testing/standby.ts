@@ -9,7 +9,7 @@ import { join } from "node:path";
 import { type PostgresBinaries, resolveBinaries } from "./_binaries.ts";
 import { freePort } from "./_free_port.ts";
 import { PgClient } from "./_pg.ts";
-import { asUser, run, type ServiceUser, serviceUser } from "./_run.ts";
+import { asUser, run, type ServiceUser, serviceUser, spawnPostmaster } from "./_run.ts";
 import type { TestPostgres } from "./postgres.ts";
 
 /** Options of {@linkcode startStandby}. */
@@ -243,24 +243,14 @@ class StandbyImpl implements TestStandby {
   async start(): Promise<void> {
     for (let attempt = 1;; attempt++) {
       this.#port = freePort(this.host);
-      const [command, args] = asUser(this.#user, "/bin/sh", [
-        "-c",
-        'log="$1"; shift; exec "$@" >>"$log" 2>&1',
-        "sh",
-        join(this.#baseDir, "postgres.log"),
-        join(this.#binaries.binDir, "postgres"),
-        "-D",
-        this.dataDir,
-        "-p",
-        String(this.#port),
-      ]);
-      const child = new Deno.Command(command, {
-        args,
+      const child = spawnPostmaster({
+        user: this.#user,
+        binDir: this.#binaries.binDir,
+        dataDir: this.dataDir,
+        port: this.#port,
+        logFile: join(this.#baseDir, "postgres.log"),
         cwd: this.#baseDir,
-        stdin: "null",
-        stdout: "null",
-        stderr: "null",
-      }).spawn();
+      });
       let exited = false;
       child.status.then(() => {
         exited = true;
