@@ -328,9 +328,10 @@ export class Election {
   async #becomeLeader(acquisition: Acquisition, sentAt: number): Promise<Phase> {
     this.#pollSeries.reset();
     this.#lastHolder = undefined;
-    if (this.#config.settleMs > 0) {
-      // A holder whose backend was just killed learns it 1-4 ms later: give it time to stop
-      // claiming before this process starts.
+    // After a handover the previous holder stopped claiming before it sent its unlock. A holder
+    // whose session died instead (killed backend) hears of it from its socket, as late as this
+    // process hears of the grant or later: give it time to stop claiming before this one starts.
+    if (this.#config.settleMs > 0 && !acquisition.handedOver) {
       await sleep(this.#config.settleMs, [this.#stop.signal, this.#sessionLost]);
       this.#throwIfLost();
       if (this.#stop.signal.aborted) return DONE; // closing the session releases the lock

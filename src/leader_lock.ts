@@ -95,8 +95,12 @@ export interface LeaderLockOptions extends ConnectionOptions {
    */
   waitWindowMs?: number;
   /**
-   * How long a new leader waits, holding the lock, before announcing itself: the previous holder,
-   * if its backend was just killed, learns of it 1-4 ms later and must stop claiming first.
+   * How long a new leader waits, holding the lock, before announcing itself, when the previous
+   * holder did not hand the lock over: a holder whose backend was just killed learns it from its
+   * socket, about when (and sometimes after) the new holder learns of the grant, and must stop
+   * claiming first. Skipped after a handover (the previous holder's `stepDown()` or shutdown seen in
+   * pg_stat_activity), because a releasing holder stops claiming before it unlocks. Less than half
+   * of `leaseMs`.
    *
    * @default {10}
    */
@@ -231,6 +235,11 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     checkDuration("waitWindowMs", waitWindowMs, 1);
     if (reconnectGraceMs !== undefined) checkDuration("reconnectGraceMs", reconnectGraceMs, 0);
     checkDuration("settleMs", settleMs, 0);
+    if (settleMs >= leaseMs / 2) {
+      throw new RangeError(
+        `Cannot create LeaderLock as 'settleMs' must be less than half of 'leaseMs' (${leaseMs}): current value is ${settleMs}`,
+      );
+    }
     if (typeof autoReacquire !== "boolean") {
       throw new TypeError(
         `Cannot create LeaderLock as 'autoReacquire' must be a boolean: current value is ${

@@ -127,7 +127,47 @@ export interface Acquisition {
   readonly token: bigint | undefined;
   /** When not held: the session that holds it (undefined if it was released meanwhile). */
   readonly holder: Holder | undefined;
+  /**
+   * When held: whether another session of this database began a voluntary release of this lock
+   * ({@linkcode unlock}) at most {@linkcode HANDOVER_WINDOW_MS} before the grant. Such a holder
+   * had stopped counting itself leader before it sent the unlock.
+   */
+  readonly handedOver: boolean;
 }
+
+/**
+ * How recent a voluntary release must be for a new holder to count its grant as a handover
+ * (see {@linkcode Acquisition.handedOver}). The releasing session replaces its release statement
+ * within one round trip (it queues again or disconnects), and the new holder looks microseconds
+ * after the grant: the window only has to absorb a slow wake-up of the new holder's backend.
+ */
+export const HANDOVER_WINDOW_MS = 50;
+
+/**
+ * The comment that starts the release statement of (key1, key2). pg_stat_activity shows it as
+ * the releasing session's query while the statement runs and until its next one, to sessions of
+ * the same role (and to members of pg_read_all_stats).
+ */
+export function releaseMarker(key1: number, key2: number): string {
+  if (!Number.isSafeInteger(key1) || !Number.isSafeInteger(key2)) {
+    throw new RangeError(`Cannot mark a release as the keys must be integers: ${key1}, ${key2}`);
+  }
+  return `/* pgleaderlock release ${key1} ${key2} */`;
+}
+
+/** SQL for releaseMarker($1, $2). */
+const RELEASE_MARKER_SQL =
+  `'/* pgleaderlock release ' || $1::int4::text || ' ' || $2::int4::text || ' */'`;
+
+/**
+ * "A voluntary release of (key1 = $1, key2 = $2) began moments ago": evaluated right after a
+ * grant, it tells a handover from a holder whose session died (killed backend, dead client).
+ */
+const HANDED_OVER = `EXISTS (SELECT 1 FROM pg_stat_activity a
+   WHERE a.pid <> pg_backend_pid()
+     AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
+     AND starts_with(a.query, ${RELEASE_MARKER_SQL})
+     AND a.query_start >= clock_timestamp() - interval '${HANDOVER_WINDOW_MS} milliseconds')`;
 
 /** The granted lock (key1 = $1, key2 = $2) in pg_locks, as `l`. */
 const LOCK_ROW = `pg_locks l
@@ -164,13 +204,18 @@ function toAcquisition(row: Record<string, unknown> | undefined, heldColumn: str
   const holder = typeof pid === "number"
     ? { pid, identity: typeof identity === "string" ? identity : undefined }
     : undefined;
-  return { held: held && token !== undefined, token, holder };
+  return {
+    held: held && token !== undefined,
+    token,
+    holder,
+    handedOver: held && row?.handed_over === true,
+  };
 }
 
 /**
  * One acquisition statement: `okSource` decides whether this session holds the lock; only then does
- * the same statement take the fencing token and arm the lease. When not held, it reads who holds
- * the lock (for `leaderchange`) at no extra round trip.
+ * the same statement take the fencing token, arm the lease and look for a handover. When not held, it reads who holds the lock (for `leaderchange`) at no extra round
+ * trip. The outer columns are evaluated after the subquery's row, that is after the grant.
  */
 async function acquisition(
   session: LockSession,
@@ -180,7 +225,8 @@ async function acquisition(
   okSource: string,
 ): Promise<Acquisition> {
   const [row] = await session.query(
-    `SELECT ok, CASE WHEN ok THEN ${TOKEN} END AS token${leaseSetting(p, "ok")}${
+    `SELECT ok, CASE WHEN ok THEN ${TOKEN} END AS token,
+            CASE WHEN ok THEN ${HANDED_OVER} END AS handed_over${leaseSetting(p, "ok")}${
       holderColumns("ok")
     }
        FROM (SELECT ${okSource} AS ok) s`,
@@ -289,7 +335,10 @@ export interface Unlock {
 }
 
 /**
- * Unlocks, disarms the lease and verifies in one round trip.
+ * Unlocks, disarms the lease and verifies in one round trip. The statement starts with
+ * {@linkcode releaseMarker}: a session granted the lock meanwhile sees it in pg_stat_activity and
+ * knows the previous holder let go on purpose (its caller stops counting itself leader before it
+ * sends this).
  *
  * @param session The session.
  * @param p What the protocol knows of the session.
@@ -307,7 +356,8 @@ export async function unlock(
     ? ", set_config('idle_session_timeout', '0', false) AS lease"
     : "";
   const [row] = await session.query(
-    `SELECT ok, ${HOLDS} AS still_held${disarm} FROM (SELECT pg_advisory_unlock($1, $2) AS ok) s`,
+    `${releaseMarker(key1, key2)} SELECT ok, ${HOLDS} AS still_held${disarm}
+       FROM (SELECT pg_advisory_unlock($1, $2) AS ok) s`,
     [key1, key2],
   );
   return { unlocked: row?.ok === true, stillHeld: row?.still_held === true };

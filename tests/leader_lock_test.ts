@@ -128,6 +128,54 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
     }
   });
 
+  await t.step(
+    "a handover skips the settle; the successor of a killed or stale-marked holder waits it out",
+    async () => {
+      const keys = freshKeys();
+      // A settle far longer than any handover, so that skipping it or not is unmistakable.
+      const settleMs = 1500;
+      const options = { healthIntervalMs: 1000, leaseMs: 5000, settleMs };
+      const a = new LeaderLock(fastOptions(pg, keys, options));
+      const b = new LeaderLock(fastOptions(pg, keys, options));
+      const handoverMs = async (fault: () => Promise<unknown>, to: LeaderLock) => {
+        await new Promise((r) => setTimeout(r, 50)); // the follower is inside the lock queue
+        const t0 = performance.now();
+        await fault();
+        assert(await to.waitForLeadership({ timeoutMs: 5000 }), "the follower leads");
+        return performance.now() - t0;
+      };
+      try {
+        await a.start();
+        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+        await b.start();
+        await until(() => b.state === "acquiring");
+        const stepDown = await handoverMs(() => a.stepDown(), b);
+        // a is queued again behind b; a shutdown hands over too.
+        await until(() => a.state === "acquiring");
+        const shutdown = await handoverMs(() => b.shutdown(), a);
+        await b.start();
+        await until(() => b.state === "acquiring");
+        const kill = await handoverMs(() => pg.terminateBackend(a.backendPid), b);
+        // A release statement older than the handover window is no handover.
+        await until(() => a.state === "acquiring");
+        await pg.query(`/* pgleaderlock release ${keys.key1} ${keys.key2} */ SELECT 1`);
+        await new Promise((r) => setTimeout(r, 200));
+        const stale = await handoverMs(() => pg.terminateBackend(b.backendPid), a);
+        console.log(
+          `    settleMs ${settleMs}: step-down ${stepDown.toFixed(1)} ms, shutdown ${
+            shutdown.toFixed(1)
+          } ms, backend kill ${kill.toFixed(0)} ms, after a stale marker ${stale.toFixed(0)} ms`,
+        );
+        assert(stepDown < settleMs, `the step-down handover waited ${stepDown} ms`);
+        assert(shutdown < settleMs, `the shutdown handover waited ${shutdown} ms`);
+        assert(kill >= settleMs, `a killed holder's successor announced after ${kill} ms`);
+        assert(stale >= settleMs, `a stale marker cut the settle short: ${stale} ms`);
+      } finally {
+        await shutdownAll([a, b]);
+      }
+    },
+  );
+
   await t.step("fencing tokens increase across 20 handovers", async () => {
     const keys = freshKeys();
     const locks = [0, 1, 2].map(() => new LeaderLock(fastOptions(pg, keys)));
@@ -477,6 +525,11 @@ Deno.test("LeaderLock rejects bad options at the constructor", async (t) => {
     [
       "leaseMs shorter than two health intervals",
       { healthIntervalMs: 1000, leaseMs: 1500 },
+      RangeError,
+    ],
+    [
+      "settleMs half the lease",
+      { healthIntervalMs: 1000, leaseMs: 3000, settleMs: 1500 },
       RangeError,
     ],
     ["acquireMode unknown", { acquireMode: "spin" }, TypeError],
