@@ -148,6 +148,11 @@ export interface TrialResult {
   readonly cpuStallMs: number | null;
   /** For `restart`: how long the server was down (stop + start) (ms). */
   readonly serverDownMs?: number;
+  /**
+   * For `sigkill`: fault -> the killed process was gone (its stdout closed; the kernel closes its
+   * sockets at the same step of the exit), the part of the failover that is the kernel's (ms).
+   */
+  readonly processGoneMs?: number;
   /** Why the trial failed, if it did. */
   readonly error?: string;
 }
@@ -264,10 +269,12 @@ export async function trial(
 
   let faultAt: number;
   let serverDownMs: number | undefined;
+  let goneAt: Promise<number> | undefined;
   const stallBefore = cpuStallMs();
   switch (fault) {
     case "sigkill":
       faultAt = leader.signal("SIGKILL");
+      goneAt = leader.done.then(() => now());
       break;
     case "sigterm":
       faultAt = leader.signal("SIGTERM");
@@ -335,6 +342,7 @@ export async function trial(
     sameLeader: newTerm ? newTerm.candidate === leader : null,
     tokenIncreased: newTerm ? newTerm.token > oldTerm.token : null,
     ...(serverDownMs !== undefined ? { serverDownMs } : {}),
+    ...(goneAt !== undefined ? { processGoneMs: round((await goneAt) - faultAt, 2) } : {}),
     ...(error !== undefined ? { error } : {}),
   };
 }

@@ -18,6 +18,13 @@ export interface FloorResult {
   /** Fault injected -> the bare waiter's `pg_advisory_lock` returned (ms). */
   readonly granted: Summary;
   readonly samples: number[];
+  /**
+   * Fault injected -> the old leader stopped claiming (ms): its `term-end` line, or for a SIGKILL
+   * the moment its process was gone (its stdout closed, which the kernel does with its sockets).
+   */
+  readonly oldEnded: Summary;
+  /** Trials in which the bare waiter had the lock before the old leader had stopped claiming. */
+  readonly grantedBeforeOldEnded: number;
 }
 
 /**
@@ -30,6 +37,8 @@ export async function runFloor(env: FailoverEnv, trials: number): Promise<FloorR
   const results: FloorResult[] = [];
   for (const fault of ["sigkill", "backend-kill", "step-down"] as const) {
     const samples: number[] = [];
+    const oldEnded: number[] = [];
+    let grantedBeforeOldEnded = 0;
     for (let i = 0; i < trials; i++) {
       const group = new Group(
         `floor-${fault}-${i}`,
@@ -51,21 +60,36 @@ export async function runFloor(env: FailoverEnv, trials: number): Promise<FloorR
         // Let the waiter queue, then fault at a random moment.
         await sleep(200 + Math.random() * 300);
         let faultAt: number;
+        let goneAt: Promise<number> | undefined;
         if (fault === "backend-kill") {
           faultAt = now();
           await env.admin.query("SELECT pg_terminate_backend($1)", [leader.backendPid]);
         } else {
           faultAt = leader.signal(fault === "sigkill" ? "SIGKILL" : "SIGUSR1");
+          if (fault === "sigkill") goneAt = leader.done.then(() => now());
         }
-        samples.push(round((await granted) - faultAt, 2));
+        const grantedAt = await granted;
+        samples.push(round(grantedAt - faultAt, 2));
+        const term = leader.terms[0]!;
+        const endedAt = goneAt
+          ? await goneAt
+          : await group.waitFor("the old term's end", () => term.observedEnd, 10_000);
+        oldEnded.push(round(endedAt - faultAt, 2));
+        if (grantedAt < endedAt) grantedBeforeOldEnded++;
       } finally {
         await waiter.end().catch(() => {});
         await group.dispose();
       }
     }
-    const result = { fault, granted: summarize(samples), samples };
+    const result = {
+      fault,
+      granted: summarize(samples),
+      samples,
+      oldEnded: summarize(oldEnded),
+      grantedBeforeOldEnded,
+    };
     env.log(
-      `[floor] ${fault}: bare waiter granted p50 ${result.granted.p50} ms, max ${result.granted.max} ms (${trials} trials)`,
+      `[floor] ${fault}: bare waiter granted p50 ${result.granted.p50} ms, max ${result.granted.max} ms; old leader ended p50 ${result.oldEnded.p50} ms, after the grant in ${grantedBeforeOldEnded} of ${trials} trials`,
     );
     results.push(result);
   }

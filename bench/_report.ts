@@ -302,17 +302,20 @@ export function markdown(results: Results, chartPath: string): string {
     lines.push(
       "",
       "The floor under any client: the same faults handing the lock from a LeaderLock leader process",
-      "to a bare npm:pg session waiting in `pg_advisory_lock` (no settle, no events):",
+      "to a bare npm:pg session waiting in `pg_advisory_lock` (no settle, no events), and when the",
+      "old leader stopped claiming (its `term-end`; for a SIGKILL, when its process was gone). A",
+      "grant before the old leader stopped is what `settleMs` is for:",
       "",
-      "| fault | trials | min | p50 | p99 | max |",
-      "|---|---:|---:|---:|---:|---:|",
+      "| fault | trials | granted min | p50 | p99 | max | old leader stopped p50 | max | granted before it stopped |",
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     );
     for (const f of results.floor) {
       const g = f.granted;
+      const o = f.oldEnded;
       lines.push(
         `| ${LABELS[f.fault]} | ${g.n} | ${ms(g.min)} | ${ms(g.p50)} | ${ms(g.p99)} | ${
           ms(g.max)
-        } |`,
+        } | ${o ? ms(o.p50) : "–"} | ${o ? ms(o.max) : "–"} | ${f.grantedBeforeOldEnded ?? "–"} |`,
       );
     }
   }
@@ -381,6 +384,12 @@ function failoverRow(r: FaultResult, label: string): string {
   const down = r.trials.map((t) => t.serverDownMs).filter((x): x is number => x !== undefined);
   if (down.length) {
     notes.push(`server down p50 ${ms(down.sort((a, b) => a - b)[Math.floor(down.length / 2)])} ms`);
+  }
+  const gone = r.trials.map((t) => t.processGoneMs).filter((x): x is number => x !== undefined);
+  if (gone.length) {
+    notes.push(
+      `killed process gone p50 ${ms(gone.sort((a, b) => a - b)[Math.floor(gone.length / 2)])} ms`,
+    );
   }
   const overlap = r.overlapTrials === 0
     ? `0 in ${r.trials.length}`

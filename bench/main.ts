@@ -235,6 +235,7 @@ const notes = [
   "Idle followers in wait mode run one statement per wait window: pg_advisory_lock under lock_timeout, which after a timeout first asks whether the lock was granted anyway (the grant can race the timeout). A follower with a leaderchange listener runs one more per window to read the holder.",
   "Server restart: wait mode reconnects every 50 ms (FixedInterval), poll mode with the library default ExponentialBackoff (1 s doubling to 30 s); the failover includes the server's own stop and start.",
   "Poll mode: each trial starts three fresh candidates; the fault comes 1.5-7 s after they start, when followers poll every 1-4 s. Followers that have waited over a minute poll every 30 s: the poll-steady rows (SIGKILL only) inject the fault once the candidates are 65 s old.",
+  "settleMs: a new leader waits it (10 ms by default) only when the previous holder's session ended (SIGKILL, backend terminated, server restart, lease faults). After a handover (step-down, SIGTERM) it announces at once: the releasing leader stopped claiming before it sent its unlock, and the new holder sees that release in pg_stat_activity in the statement that took the lock.",
   "The old leader's term ends at the earliest of: its `term-end` line (isLeader sampled every millisecond), its SIGKILL, and its last successful statement's send time + leaseMs (the lease cannot outlast that; used for a frozen leader).",
 ];
 const partial = {
