@@ -153,6 +153,11 @@ export interface TrialResult {
    * sockets at the same step of the exit), the part of the failover that is the kernel's (ms).
    */
   readonly processGoneMs?: number;
+  /**
+   * For `step-down`: the leader's `stepDown()` call -> the new leader's `acquired` (ms): the
+   * handover itself, without the signal that makes the bench candidate call it.
+   */
+  readonly fromStepDownCallMs?: number;
   /** Why the trial failed, if it did. */
   readonly error?: string;
 }
@@ -178,6 +183,8 @@ export interface FaultResult {
   readonly sameLeader: number;
   /** Median of the trials' CPU stall (see {@linkcode TrialResult.cpuStallMs}). */
   readonly cpuStallP50Ms: number | null;
+  /** For `step-down`: see {@linkcode TrialResult.fromStepDownCallMs}. */
+  readonly fromStepDownCall?: Summary;
 }
 
 /** No fault sooner than this after a candidate process was started. */
@@ -329,6 +336,10 @@ export async function trial(
   }
   if (fault === "blackhole") proxies[leader.slot]!.setMode("pass");
   if (replace && (fault === "sigkill" || fault === "sigterm")) group.spawn(leader.slot);
+  // The bench candidate prints `step-down` just before it calls stepDown().
+  const stepDownCall = fault === "step-down"
+    ? leader.events.find((e) => e.type === "step-down" && e.t >= faultAt)
+    : undefined;
 
   const overlap = overlapMs(group.terms, windowFrom);
   return {
@@ -343,6 +354,9 @@ export async function trial(
     tokenIncreased: newTerm ? newTerm.token > oldTerm.token : null,
     ...(serverDownMs !== undefined ? { serverDownMs } : {}),
     ...(goneAt !== undefined ? { processGoneMs: round((await goneAt) - faultAt, 2) } : {}),
+    ...(stepDownCall && newTerm
+      ? { fromStepDownCallMs: round(newTerm.start - stepDownCall.t, 2) }
+      : {}),
     ...(error !== undefined ? { error } : {}),
   };
 }
@@ -370,6 +384,13 @@ export function summarizeFault(
     cpuStallP50Ms: summarize(
       trials.map((t) => t.cpuStallMs).filter((x): x is number => x !== null),
     ).p50,
+    ...(fault === "step-down"
+      ? {
+        fromStepDownCall: summarize(
+          trials.map((t) => t.fromStepDownCallMs).filter((x): x is number => x !== undefined),
+        ),
+      }
+      : {}),
   };
 }
 

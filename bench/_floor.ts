@@ -23,6 +23,8 @@ export interface FloorResult {
    * the moment its process was gone (its stdout closed, which the kernel does with its sockets).
    */
   readonly oldEnded: Summary;
+  /** Per trial: the bare waiter's grant minus the old leader's end (ms; negative = granted first). */
+  readonly grantAfterOldEnded: number[];
   /** Trials in which the bare waiter had the lock before the old leader had stopped claiming. */
   readonly grantedBeforeOldEnded: number;
 }
@@ -38,6 +40,7 @@ export async function runFloor(env: FailoverEnv, trials: number): Promise<FloorR
   for (const fault of ["sigkill", "backend-kill", "step-down"] as const) {
     const samples: number[] = [];
     const oldEnded: number[] = [];
+    const grantAfterOldEnded: number[] = [];
     let grantedBeforeOldEnded = 0;
     for (let i = 0; i < trials; i++) {
       const group = new Group(
@@ -75,6 +78,7 @@ export async function runFloor(env: FailoverEnv, trials: number): Promise<FloorR
           ? await goneAt
           : await group.waitFor("the old term's end", () => term.observedEnd, 10_000);
         oldEnded.push(round(endedAt - faultAt, 2));
+        grantAfterOldEnded.push(round(grantedAt - endedAt, 2));
         if (grantedAt < endedAt) grantedBeforeOldEnded++;
       } finally {
         await waiter.end().catch(() => {});
@@ -86,6 +90,7 @@ export async function runFloor(env: FailoverEnv, trials: number): Promise<FloorR
       granted: summarize(samples),
       samples,
       oldEnded: summarize(oldEnded),
+      grantAfterOldEnded,
       grantedBeforeOldEnded,
     };
     env.log(

@@ -169,8 +169,15 @@ export function targets(results: Omit<Results, "targets">): Target[] {
   if (stepDown) {
     out.push({
       target: "step-down handover: p50 < 10 ms (wait mode)",
-      measured: `${ms(stepDown.failover.p50)} ms (lock granted after ${ms(stepDown.grant.p50)} ms)`,
-      met: stepDown.failed === 0 && (stepDown.failover.p50 ?? Infinity) < 10,
+      measured: stepDown.fromStepDownCall?.p50 != null
+        ? `${ms(stepDown.fromStepDownCall.p50)} ms from the stepDown() call; ${
+          ms(stepDown.failover.p50)
+        } ms from the SIGUSR1 that makes the bench candidate call it (lock granted after ${
+          ms(stepDown.grant.p50)
+        } ms)`
+        : `${ms(stepDown.failover.p50)} ms (lock granted after ${ms(stepDown.grant.p50)} ms)`,
+      met: stepDown.failed === 0 &&
+        (stepDown.fromStepDownCall?.p50 ?? stepDown.failover.p50 ?? Infinity) < 10,
     });
   }
   for (const fault of LEASE_FAULTS) {
@@ -303,8 +310,9 @@ export function markdown(results: Results, chartPath: string): string {
       "",
       "The floor under any client: the same faults handing the lock from a LeaderLock leader process",
       "to a bare npm:pg session waiting in `pg_advisory_lock` (no settle, no events), and when the",
-      "old leader stopped claiming (its `term-end`; for a SIGKILL, when its process was gone). A",
-      "grant before the old leader stopped is what `settleMs` is for:",
+      "old leader stopped claiming (its `term-end`; for a SIGKILL, when its process was gone, which",
+      "is when the kernel closes its socket). A grant before the old leader stopped is what",
+      "`settleMs` is for:",
       "",
       "| fault | trials | granted min | p50 | p99 | max | old leader stopped p50 | max | granted before it stopped |",
       "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -315,7 +323,9 @@ export function markdown(results: Results, chartPath: string): string {
       lines.push(
         `| ${LABELS[f.fault]} | ${g.n} | ${ms(g.min)} | ${ms(g.p50)} | ${ms(g.p99)} | ${
           ms(g.max)
-        } | ${o ? ms(o.p50) : "–"} | ${o ? ms(o.max) : "–"} | ${f.grantedBeforeOldEnded ?? "–"} |`,
+        } | ${o ? ms(o.p50) : "–"} | ${o ? ms(o.max) : "–"} | ${
+          // A SIGKILLed leader stopped claiming at the kill: "stopped" is when its process was gone.
+          f.fault === "sigkill" ? "– (killed)" : earlyGrants(f)} |`,
       );
     }
   }
@@ -373,6 +383,14 @@ export function markdown(results: Results, chartPath: string): string {
   return lines.join("\n") + "\n";
 }
 
+/** "k of n", and by how much the earliest grant came first when the trials were kept. */
+function earlyGrants(f: FloorResult): string {
+  if (f.grantedBeforeOldEnded === undefined) return "–";
+  const first = Math.min(...(f.grantAfterOldEnded ?? []));
+  const by = f.grantedBeforeOldEnded > 0 && first < 0 ? ` (by up to ${ms(-first)} ms)` : "";
+  return `${f.grantedBeforeOldEnded} of ${f.granted.n}${by}`;
+}
+
 function kib(x: number | null): string {
   return x === null ? "–" : x >= 10_240 ? `${(x / 1024).toFixed(1)} MiB` : `${Math.round(x)} KiB`;
 }
@@ -384,6 +402,9 @@ function failoverRow(r: FaultResult, label: string): string {
   const down = r.trials.map((t) => t.serverDownMs).filter((x): x is number => x !== undefined);
   if (down.length) {
     notes.push(`server down p50 ${ms(down.sort((a, b) => a - b)[Math.floor(down.length / 2)])} ms`);
+  }
+  if (r.fromStepDownCall?.p50 != null) {
+    notes.push(`from the stepDown() call p50 ${ms(r.fromStepDownCall.p50)} ms`);
   }
   const gone = r.trials.map((t) => t.processGoneMs).filter((x): x is number => x !== undefined);
   if (gone.length) {

@@ -15,7 +15,9 @@
  *   default 15 s lease).
  * - The settle time. A new leader waits `kill-grace + 0.2 s` after taking the lock before it
  *   starts its command (the library's `settleMs`): when the previous leader's session was killed,
- *   the previous leader learns it within milliseconds and is SIGKILLing its group by then.
+ *   the previous leader learns it within milliseconds and is SIGKILLing its group by then. A lock
+ *   handed over skips the settle (see `Election`), which is right here: `exec` releases the lock
+ *   only once its command has exited.
  * - The watchdog (`_watchdog.ts`), a separate process that does the same killing when `exec`
  *   cannot: when `exec` is frozen it kills the group at the same lease deadline, and when `exec`
  *   dies it SIGKILLs the group at once. On Linux the command also runs under
