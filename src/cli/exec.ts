@@ -128,6 +128,18 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
       "exec",
     );
   }
+  if (killGraceMs + SETTLE_SLACK_MS >= settings.leaseMs / 2) {
+    throw new UsageError(
+      `option '--lease' is too short for exec: a new leader waits --kill-grace + ${
+        SETTLE_SLACK_MS / 1000
+      } s (${
+        (killGraceMs + SETTLE_SLACK_MS) / 1000
+      } s) before it starts the command, which must be under half the lease: got ${
+        settings.leaseMs / 1000
+      } s`,
+      "exec",
+    );
+  }
   const restart = flags.has("restart");
   const logger = new Logger({
     json: settings.json,

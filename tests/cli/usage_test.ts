@@ -45,6 +45,10 @@ const USAGE_ERRORS: [string[], RegExp][] = [
     ["exec", ...KEYS, "--lease", "5", "--health-interval", "1", "--kill-grace", "0.5", "true"],
     /0\.5 s/,
   ],
+  [
+    ["exec", ...KEYS, "--lease", "0.3", "--health-interval", "0.1", "--", "true"],
+    /'--lease' is too short for exec: .* \(0\.215 s\)/,
+  ],
   [["status", "--key1", "1"], /'--key1' and '--key2' go together: missing '--key2'/],
   [["status", "--interval", "1"], /'--interval' needs '--watch'/],
   [["status", "--watch", "--interval", "0"], /'--interval' must be a number of seconds/],
