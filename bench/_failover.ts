@@ -31,7 +31,7 @@ export const FAULT_DESCRIPTIONS: Record<Fault, string> = {
   "sigkill": "leader process SIGKILL",
   "backend-kill": "pg_terminate_backend of the leader's session",
   "sigterm": "leader process SIGTERM (graceful shutdown: unlock, exit)",
-  "step-down": "leader calls stepDown() (SIGUSR1 in the bench candidate)",
+  "step-down": "leader calls stepDown() (SIGUSR2 in the bench candidate)",
   "restart": "PostgreSQL restart (pg_ctl stop -m fast, start)",
   "blackhole": "TCP blackhole between the leader and PostgreSQL (proxy holds all bytes)",
   "sigstop": "leader process SIGSTOP (frozen until a new leader is in)",
@@ -287,7 +287,7 @@ export async function trial(
       faultAt = leader.signal("SIGTERM");
       break;
     case "step-down":
-      faultAt = leader.signal("SIGUSR1");
+      faultAt = leader.signal("SIGUSR2");
       break;
     case "sigstop":
       faultAt = leader.signal("SIGSTOP");

@@ -68,7 +68,7 @@ export async function runFloor(env: FailoverEnv, trials: number): Promise<FloorR
           faultAt = now();
           await env.admin.query("SELECT pg_terminate_backend($1)", [leader.backendPid]);
         } else {
-          faultAt = leader.signal(fault === "sigkill" ? "SIGKILL" : "SIGUSR1");
+          faultAt = leader.signal(fault === "sigkill" ? "SIGKILL" : "SIGUSR2");
           if (fault === "sigkill") goneAt = leader.done.then(() => now());
         }
         const grantedAt = await granted;

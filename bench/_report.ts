@@ -172,7 +172,7 @@ export function targets(results: Omit<Results, "targets">): Target[] {
       measured: stepDown.fromStepDownCall?.p50 != null
         ? `${ms(stepDown.fromStepDownCall.p50)} ms from the stepDown() call; ${
           ms(stepDown.failover.p50)
-        } ms from the SIGUSR1 that makes the bench candidate call it (lock granted after ${
+        } ms from the SIGUSR2 that makes the bench candidate call it (lock granted after ${
           ms(stepDown.grant.p50)
         } ms)`
         : `${ms(stepDown.failover.p50)} ms (lock granted after ${ms(stepDown.grant.p50)} ms)`,

@@ -5,7 +5,7 @@
  * each with `t` = epoch milliseconds from `performance.timeOrigin + performance.now()`, one clock
  * for every process on the machine) and adds what the benchmark needs:
  *
- * - SIGUSR1 calls `lock.stepDown()` (the step-down fault); SIGTERM shuts down gracefully.
+ * - SIGUSR2 calls `lock.stepDown()` (the step-down fault); SIGTERM shuts down gracefully.
  * - `acquired` carries `grantedAt`, when the statement that took the lock returned (before
  *   `settleMs`), and `leaseFrom`, when that statement was sent.
  * - `renewed` (`sent`) after every statement that succeeded while leading: the leader's lease

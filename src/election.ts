@@ -171,7 +171,18 @@ export class Election {
 
   /** Asks the loop to stop: a leader releases, everything open is closed. */
   stop(): void {
+    this.#stopClaiming();
     this.#stop.abort();
+  }
+
+  /**
+   * A leader asked to release stops counting itself leader at once, even while a health check is
+   * in flight: the unlock follows when the session is free.
+   */
+  #stopClaiming(): void {
+    if (this.#state !== "leader") return;
+    this.#lease.revoke();
+    this.#setState("releasing");
   }
 
   /** Closes the socket at once (used when a shutdown timed out). */
@@ -187,6 +198,7 @@ export class Election {
   stepDown(): Promise<void> {
     if (this.#state !== "leader") return Promise.resolve();
     this.#stepDown ??= deferred<void>();
+    this.#stopClaiming();
     this.#stepDownRequested.abort();
     return this.#stepDown.promise;
   }
@@ -328,14 +340,7 @@ export class Election {
   async #becomeLeader(acquisition: Acquisition, sentAt: number): Promise<Phase> {
     this.#pollSeries.reset();
     this.#lastHolder = undefined;
-    // After a handover the previous holder stopped claiming before it sent its unlock. A holder
-    // whose session died instead (killed backend) hears of it from its socket, as late as this
-    // process hears of the grant or later: give it time to stop claiming before this one starts.
-    if (this.#config.settleMs > 0 && !acquisition.handedOver) {
-      await sleep(this.#config.settleMs, [this.#stop.signal, this.#sessionLost]);
-      this.#throwIfLost();
-      if (this.#stop.signal.aborted) return DONE; // closing the session releases the lock
-    }
+    if (!(await this.#settle(acquisition))) return DONE; // closing the session releases the lock
     this.#token = acquisition.token;
     this.#lease.renew(sentAt);
     this.#lastCheckSentAt = sentAt;
@@ -345,6 +350,21 @@ export class Election {
     this.#observer.acquired(acquisition.token!, false);
     this.#observer.renewed(acquisition.token!, this.#lease.deadline);
     return { kind: "lead" };
+  }
+
+  /**
+   * Waits `settleMs` holding a lock that was not handed over. After a handover the previous holder
+   * stopped claiming before it sent its unlock; a holder whose session died instead (killed
+   * backend) hears of it from its socket, as late as this process hears of the grant or later, and
+   * needs the time to stop claiming before this one starts.
+   *
+   * @returns `false` when asked to stop meanwhile. Throws SessionLost when the session ended.
+   */
+  async #settle(acquisition: Acquisition): Promise<boolean> {
+    if (this.#config.settleMs === 0 || acquisition.handedOver) return true;
+    await sleep(this.#config.settleMs, [this.#stop.signal, this.#sessionLost]);
+    this.#throwIfLost();
+    return !this.#stop.signal.aborted;
   }
 
   async #leadPhase(): Promise<Phase> {
@@ -376,6 +396,7 @@ export class Election {
         return this.#lose(expired ? "lease-expired" : "session-ended", error);
       }
       if (!held) return this.#lose("not-held", undefined);
+      if (this.#state !== "leader") continue; // a release was asked for meanwhile
       this.#lease.renew(sentAt);
       this.#observer.renewed(this.#token!, this.#lease.deadline);
       this.#lastCheckSentAt = sentAt;
@@ -461,6 +482,8 @@ export class Election {
           this.#observer.lost("taken", phase.token, phase.error);
           return autoReacquire ? { kind: "acquire", queueOnly: true } : DONE;
         }
+        // Someone may have held the lock since this session was lost, and lost it in turn.
+        if (!(await this.#settle(result))) break;
         this.#token = result.token!;
         this.#lease.renew(sentAt);
         this.#lastCheckSentAt = sentAt;

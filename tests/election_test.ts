@@ -244,3 +244,51 @@ Deno.test("without a leaderchange listener a follower spends one statement per w
   );
   assertEquals(kinds, ["setup", "try", "wait", "ask-then-wait", "unlock"]);
 });
+
+Deno.test("stepDown() ends the claim at once, even while a health check is in flight", async () => {
+  const base = soleHolder();
+  let answerCheck: ((rows: Row[]) => void) | undefined;
+  const session = new FakeSession((sql) =>
+    sql.includes("AS held") ? new Promise<Row[]>((resolve) => answerCheck = resolve) : base(sql)
+  );
+  const { election, events, advance } = harness(session);
+  const running = election.run();
+  await until(() => election.isLeader);
+  advance(60); // past the 50 ms health interval: the next wake-up sends a check
+  await until(() => answerCheck !== undefined);
+  const stepping = election.stepDown();
+  // Synchronously: no longer leader, though the check has not answered and nothing was unlocked.
+  assertEquals(election.isLeader, false);
+  assertEquals(election.state, "releasing");
+  assertEquals(session.statements.filter((s) => s.includes("pg_advisory_unlock")).length, 0);
+  answerCheck!([{ held: true }]);
+  await stepping;
+  await running;
+  assert(events.includes("released 101"));
+  assertEquals(events.filter((e) => e === "leader->releasing").length, 1);
+  assertEquals(session.statements.filter((s) => s.includes("pg_advisory_unlock")).length, 1);
+});
+
+Deno.test("a lock regained within the reconnect grace is announced only after settleMs", async () => {
+  const first = new FakeSession(soleHolder());
+  const second = new FakeSession(soleHolder());
+  const sessions = [first, second];
+  const { election, events } = harness(first, {
+    healthIntervalMs: 100_000,
+    leaseMs: 300_000,
+    reconnectGraceMs: 10_000,
+    settleMs: 40,
+    connect: () => Promise.resolve(sessions.shift()!),
+  });
+  const running = election.run();
+  await until(() => election.isLeader);
+  const lostAt = performance.now();
+  first.kill(new Error("terminating connection due to administrator command"));
+  // Each fake session counts its own tokens: the regained term is the second "acquired 101".
+  await until(() => events.filter((e) => e === "acquired 101").length === 2);
+  const ms = performance.now() - lostAt;
+  assert(ms >= 40, `regained and announced ${ms.toFixed(1)} ms after the loss, within the settle`);
+  assertEquals(events.filter((e) => e.startsWith("lost")), []);
+  election.stop();
+  await running;
+});

@@ -45,8 +45,11 @@ import { hasPdeathsig, withPdeathsig } from "./_pdeathsig.ts";
 export const SETTLE_SLACK_MS = 200;
 /** How often `exec` checks its lease and tells the watchdog the deadline. */
 const HEARTBEAT_MS = 100;
-/** Signals forwarded to the command besides the stopping ones. */
-const FORWARDED_SIGNALS: readonly Deno.Signal[] = ["SIGQUIT", "SIGUSR1", "SIGUSR2"];
+/**
+ * Signals forwarded to the command besides the stopping ones. Not SIGUSR1: since 2.9.2 Deno opens
+ * its inspector on 127.0.0.1:9229 when it gets one, listener or not.
+ */
+const FORWARDED_SIGNALS: readonly Deno.Signal[] = ["SIGQUIT", "SIGUSR2"];
 
 const EXEC_FLAGS = { ...LOCK_FLAGS, "kill-grace": "value", restart: "switch" } as const;
 
@@ -56,7 +59,8 @@ export const EXEC_HELP =
 
 Runs COMMAND only while this process leads. COMMAND gets the term's fencing token and the keys
 in PGLEADERLOCK_TOKEN, PGLEADERLOCK_KEY1 and PGLEADERLOCK_KEY2; stdio is passed through, and
-signals to exec (INT, TERM, HUP, QUIT, USR1, USR2) are forwarded to COMMAND's process group.
+signals to exec (INT, TERM, HUP, QUIT, USR2) are forwarded to COMMAND's process group. Do not
+send exec SIGUSR1: Deno (2.9.2 and later) answers it by opening its inspector on 127.0.0.1:9229.
 exec logs to stderr.
 
 When COMMAND exits, exec releases the lock and exits with COMMAND's status. When leadership is

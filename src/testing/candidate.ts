@@ -14,7 +14,7 @@
  *
  * `t` is milliseconds since the Unix epoch with sub-millisecond precision
  * (`performance.timeOrigin + performance.now()`), one clock for every process on the machine.
- * SIGTERM and SIGINT shut the lock down cleanly and exit 0; SIGUSR1 calls `stepDown()`.
+ * SIGTERM and SIGINT shut the lock down cleanly and exit 0; SIGUSR2 calls `stepDown()` (not SIGUSR1: Deno 2.9.2+ opens its inspector on that).
  *
  * @module
  */
@@ -108,7 +108,7 @@ async function main(args: string[]): Promise<void> {
 
 /**
  * Runs a started-or-not candidate until it stops: SIGTERM and SIGINT abort `controller` (the lock's
- * shutdown signal), SIGUSR1 calls `stepDown()`. Prints `ready` once connected and `stopped` at the
+ * shutdown signal), SIGUSR2 calls `stepDown()` (not SIGUSR1: Deno 2.9.2+ opens its inspector on that). Prints `ready` once connected and `stopped` at the
  * end; `cleanup` runs just before that.
  *
  * @param lock The lock, built with `controller.signal` as its signal.
@@ -131,7 +131,7 @@ export async function runCandidate(
   };
   Deno.addSignalListener("SIGTERM", stop);
   Deno.addSignalListener("SIGINT", stop);
-  Deno.addSignalListener("SIGUSR1", stepDown);
+  Deno.addSignalListener("SIGUSR2", stepDown);
   const stopped = new Promise<void>((resolve) => {
     lock.addEventListener("statechange", (e) => {
       if (e.to === "stopped") resolve();
@@ -148,7 +148,7 @@ export async function runCandidate(
   cleanup();
   Deno.removeSignalListener("SIGTERM", stop);
   Deno.removeSignalListener("SIGINT", stop);
-  Deno.removeSignalListener("SIGUSR1", stepDown);
+  Deno.removeSignalListener("SIGUSR2", stepDown);
   emit({ type: "stopped" });
 }
 
