@@ -29,6 +29,7 @@ import {
   type ProtocolSession,
   setUp,
   tryLock,
+  type Unlock,
   unlock,
   waitLock,
 } from "./protocol.ts";
@@ -74,7 +75,12 @@ export interface ElectionObserver {
 
 type Phase =
   | { readonly kind: "connect" }
-  | { readonly kind: "acquire"; readonly queueOnly: boolean }
+  | {
+    readonly kind: "acquire";
+    readonly queueOnly: boolean;
+    /** Right after a step-down: the first wait carries the release marker. */
+    readonly afterRelease?: boolean;
+  }
   | { readonly kind: "lead" }
   | {
     readonly kind: "reconnect";
@@ -89,6 +95,13 @@ const DONE: Phase = { kind: "done" };
 const CONNECT: Phase = { kind: "connect" };
 /** Bound on a polite session end when stopping. */
 const END_TIMEOUT_MS = 1000;
+/**
+ * How long a session that handed the lock over stays open before it closes (shutdown, or a
+ * step-down without autoReacquire): its release statement stays visible in pg_stat_activity while
+ * the new holder's backend looks for it, even when that backend is slow to run. A session that
+ * queues again keeps it visible with its next wait statement instead.
+ */
+const HANDOVER_LINGER_MS = 20;
 
 /** Thrown inside the election when the session ended under a statement. */
 class SessionLost extends Error {
@@ -218,7 +231,7 @@ export class Election {
             phase = await this.#connectPhase();
             break;
           case "acquire":
-            phase = await this.#acquirePhase(phase.queueOnly);
+            phase = await this.#acquirePhase(phase.queueOnly, phase.afterRelease ?? false);
             break;
           case "lead":
             phase = await this.#leadPhase();
@@ -256,7 +269,7 @@ export class Election {
     return DONE;
   }
 
-  async #acquirePhase(queueOnly: boolean): Promise<Phase> {
+  async #acquirePhase(queueOnly: boolean, afterRelease: boolean): Promise<Phase> {
     const { acquireMode } = this.#config;
     let attempt = 0;
     try {
@@ -305,7 +318,11 @@ export class Election {
         const sentAt = this.#config.clock();
         let result: Acquisition | typeof ABORTED;
         try {
-          result = await this.#statement((s, p) => waitLock(s, p, ...this.#lockArgs(), askFirst));
+          const marked = afterRelease;
+          afterRelease = false;
+          result = await this.#statement((s, p) =>
+            waitLock(s, p, ...this.#lockArgs(), askFirst, marked)
+          );
         } catch (error) {
           if (sqlState(error) !== LOCK_TIMEOUT_SQLSTATE) throw error;
           this.#connectSeries.reset();
@@ -409,7 +426,7 @@ export class Election {
     const { key1, key2, autoReacquire } = this.#config;
     this.#lease.revoke();
     this.#setState("releasing");
-    let outcome: { unlocked: boolean; stillHeld: boolean };
+    let outcome: Unlock;
     try {
       outcome = await unlock(this.#session!, this.#protocol!, key1, key2);
     } catch (error) {
@@ -434,13 +451,16 @@ export class Election {
     }
     if (shuttingDown) {
       this.#observer.released(token);
+      if (outcome.handedOver) await sleep(HANDOVER_LINGER_MS, []);
       return DONE;
     }
     if (autoReacquire) this.#setState("follower");
     this.#observer.released(token);
     this.#settleStepDown();
-    // Back into the queue behind any waiting follower, never a try-lock first (FACTS.md).
-    return autoReacquire ? { kind: "acquire", queueOnly: true } : DONE;
+    if (!autoReacquire && outcome.handedOver) await sleep(HANDOVER_LINGER_MS, []);
+    // Back into the queue behind any waiting follower, never a try-lock first: a try-lock right
+    // after the unlock can win the lock back from a follower between two wait windows.
+    return autoReacquire ? { kind: "acquire", queueOnly: true, afterRelease: true } : DONE;
   }
 
   #lose(reason: LostReason, error: unknown): Phase {

@@ -88,8 +88,8 @@ export interface LeaderLockOptions extends ConnectionOptions {
    */
   acquireMode?: AcquireMode;
   /**
-   * Length of one wait in PostgreSQL's lock queue (`lock_timeout`). Each window that passes without
-   * the lock dispatches `acquirefailed`.
+   * Length of one wait in PostgreSQL's lock queue (`lock_timeout`). The first failed try-lock and
+   * each window that passes without the lock dispatch `acquirefailed`.
    *
    * @default {Math.min(healthIntervalMs, leaseMs / 3)}
    */

@@ -62,7 +62,7 @@ export class PgSession implements LockSession {
    */
   constructor(client: PgClient) {
     this.#client = client;
-    // Without an 'error' listener a killed backend crashes the Deno process (FACTS.md).
+    // Without an 'error' listener a killed backend crashes the Deno process.
     client.on("error", (error: Error) => this.#finish(error));
     client.on("end", () => this.#finish(undefined));
     // A client that already failed before we attached emits nothing more.

@@ -223,9 +223,10 @@ async function acquisition(
   keys: readonly [key1: number, key2: number],
   leaseMs: number,
   okSource: string,
+  prefix = "",
 ): Promise<Acquisition> {
   const [row] = await session.query(
-    `SELECT ok, CASE WHEN ok THEN ${TOKEN} END AS token,
+    `${prefix}SELECT ok, CASE WHEN ok THEN ${TOKEN} END AS token,
             CASE WHEN ok THEN ${HANDED_OVER} END AS handed_over${leaseSetting(p, "ok")}${
       holderColumns("ok")
     }
@@ -269,6 +270,8 @@ export function tryLock(
  * @param key2 Second key.
  * @param leaseMs The lease.
  * @param askFirst Whether to ask first if the session holds the lock already (after a timeout).
+ * @param markRelease Whether to start the statement with {@linkcode releaseMarker}: the first wait
+ *   after a step-down keeps the release visible in pg_stat_activity while the new holder looks.
  * @returns The acquisition (always held when it resolves).
  */
 export function waitLock(
@@ -278,6 +281,7 @@ export function waitLock(
   key2: number,
   leaseMs: number,
   askFirst = false,
+  markRelease = false,
 ): Promise<Acquisition> {
   // pg_advisory_lock returns void, which IS NOT NULL once granted. With askFirst, a lock granted
   // in the race with the previous window's timeout is found before waiting again (CASE keeps the
@@ -289,6 +293,7 @@ export function waitLock(
     [key1, key2],
     leaseMs,
     askFirst ? `CASE WHEN ${HOLDS} THEN true ELSE ${wait} END` : wait,
+    markRelease ? `${releaseMarker(key1, key2)} ` : "",
   );
 }
 
@@ -332,6 +337,8 @@ export interface Unlock {
   readonly unlocked: boolean;
   /** Whether the session still holds the lock afterwards (it must not). */
   readonly stillHeld: boolean;
+  /** Whether another session held the lock right after the unlock (a waiter got it). */
+  readonly handedOver: boolean;
 }
 
 /**
@@ -356,11 +363,16 @@ export async function unlock(
     ? ", set_config('idle_session_timeout', '0', false) AS lease"
     : "";
   const [row] = await session.query(
-    `${releaseMarker(key1, key2)} SELECT ok, ${HOLDS} AS still_held${disarm}
+    `${releaseMarker(key1, key2)} SELECT ok, ${HOLDS} AS still_held${disarm},
+            EXISTS (SELECT 1 FROM ${LOCK_ROW} AND l.pid <> pg_backend_pid()) AS handed_over
        FROM (SELECT pg_advisory_unlock($1, $2) AS ok) s`,
     [key1, key2],
   );
-  return { unlocked: row?.ok === true, stillHeld: row?.still_held === true };
+  return {
+    unlocked: row?.ok === true,
+    stillHeld: row?.still_held === true,
+    handedOver: row?.handed_over === true,
+  };
 }
 
 /** SQLSTATE of lock_not_available: the wait window passed. */

@@ -103,8 +103,10 @@ export class Campaign implements AsyncDisposable {
       return true;
     } catch (error) {
       if (this.controller.signal.aborted) return true;
+      // The lock's `error` event has usually logged this very error already.
+      const reported = error === this.lastError;
       this.lastError = error;
-      this.#logger.event("error", { message: errorMessage(error) });
+      if (!reported) this.#logger.event("error", { message: errorMessage(error) });
       return false;
     }
   }

@@ -39,7 +39,7 @@ leader four ways, one after another:
 
 It prints a timeline, then a table with the measured failover (from the fault to the next
 leader's 'acquired') and the overlap (how long two processes both counted themselves leader:
-it should be 0). Everything is removed at the end, also on Ctrl-C. Takes about 20 s.
+it should be 0). Everything is removed at the end, also on Ctrl-C. Takes about 10 s.
 
 Options:
   --candidates N     How many candidates compete (2 to 10). Default: 3.

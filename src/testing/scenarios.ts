@@ -58,8 +58,8 @@ export const FAULT_KINDS: readonly FaultKind[] = [
  *
  * `settleMs` is 100 rather than LeaderLock's default of 10: after `pg_terminate_backend`, the
  * old leader hears of it only when its process next runs, and on a loaded 2-core machine
- * (the test suite in parallel) that came up to 12 ms after the new leader's 10 ms settle ended:
- * terms overlapped by 1.9 ms. The settle is a bound on that notification delay, not a
+ * (the test suite in parallel) that came up to 12 ms after the new leader's grant, 1.9 ms after
+ * its 10 ms settle ended: terms overlapped by 1.9 ms. The settle is a bound on that notification delay, not a
  * guarantee.
  */
 export const SCENARIO_TIMINGS = {
