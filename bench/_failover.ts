@@ -361,6 +361,22 @@ export async function trial(
   };
 }
 
+/** The record of a trial that threw before it had a result. */
+function failedTrial(trial: number, error: unknown): TrialResult {
+  return {
+    trial,
+    phaseMs: null,
+    failoverMs: null,
+    grantMs: null,
+    overlapMs: 0,
+    oldTermEndMs: null,
+    cpuStallMs: null,
+    sameLeader: null,
+    tokenIncreased: null,
+    error: error instanceof Error ? error.message : String(error),
+  };
+}
+
 export function summarizeFault(
   fault: Fault,
   profile: Profile,
@@ -429,18 +445,7 @@ export async function runSequential(
         try {
           r = await trial(env, profile, fault, i, group, proxies, true);
         } catch (e) {
-          r = {
-            trial: i,
-            phaseMs: null,
-            failoverMs: null,
-            grantMs: null,
-            overlapMs: 0,
-            oldTermEndMs: null,
-            cpuStallMs: null,
-            sameLeader: null,
-            tokenIncreased: null,
-            error: e instanceof Error ? e.message : String(e),
-          };
+          r = failedTrial(i, e);
         }
         done.push(r);
         env.log(describeTrial(profile, fault, r, trials));
@@ -497,18 +502,7 @@ export async function runFresh(
     try {
       r = await trial(env, profile, fault, i, group, proxies, false, notBefore);
     } catch (e) {
-      r = {
-        trial: i,
-        phaseMs: null,
-        failoverMs: null,
-        grantMs: null,
-        overlapMs: 0,
-        oldTermEndMs: null,
-        cpuStallMs: null,
-        sameLeader: null,
-        tokenIncreased: null,
-        error: e instanceof Error ? e.message : String(e),
-      };
+      r = failedTrial(i, e);
     } finally {
       await disposeGroup(group, proxies);
       overlapTotal[profile.name] = (overlapTotal[profile.name] ?? 0) + overlapMs(group.terms);

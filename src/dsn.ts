@@ -782,8 +782,14 @@ function readEnv(
   return typeof value === "string" ? value : undefined;
 }
 
-/** Reads a variable from `Deno.env` only if permission is already granted: never prompts. */
-function readDenoEnv(name: string): string | undefined {
+/**
+ * Reads a variable from `Deno.env` only if permission is already granted: never prompts, never
+ * throws.
+ *
+ * @param name The variable.
+ * @returns Its value, or `undefined`.
+ */
+export function readDenoEnv(name: string): string | undefined {
   try {
     if (Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted") {
       return undefined;

@@ -293,22 +293,14 @@ export class Election {
           }
           first = false;
           this.#setState("acquiring");
-          const sentAt = this.#config.clock();
-          const result = await this.#statement((s, p) => tryLock(s, p, ...this.#lockArgs()));
-          if (result === ABORTED) return DONE;
-          this.#connectSeries.reset();
-          if (result.held) return await this.#becomeLeader(result, sentAt);
-          this.#failedAttempt(result, ++attempt);
+          const next = await this.#tryLockOnce(++attempt);
+          if (next) return next;
         }
       }
       this.#setState("acquiring");
       if (!queueOnly) {
-        const sentAt = this.#config.clock();
-        const result = await this.#statement((s, p) => tryLock(s, p, ...this.#lockArgs()));
-        if (result === ABORTED) return DONE;
-        this.#connectSeries.reset();
-        if (result.held) return await this.#becomeLeader(result, sentAt);
-        this.#failedAttempt(result, ++attempt);
+        const next = await this.#tryLockOnce(++attempt);
+        if (next) return next;
       }
       // After a window passes, the grant can have raced the timeout (madelson/DistributedLock#147).
       // With a leaderchange listener, one statement asks at once and reads the holder; without,
@@ -342,6 +334,17 @@ export class Election {
     } catch (error) {
       return await this.#followerFailed(error);
     }
+  }
+
+  /** One try-lock: the next phase when it took the lock (or was stopped), else `undefined`. */
+  async #tryLockOnce(attempt: number): Promise<Phase | undefined> {
+    const sentAt = this.#config.clock();
+    const result = await this.#statement((s, p) => tryLock(s, p, ...this.#lockArgs()));
+    if (result === ABORTED) return DONE;
+    this.#connectSeries.reset();
+    if (result.held) return await this.#becomeLeader(result, sentAt);
+    this.#failedAttempt(result, attempt);
+    return undefined;
   }
 
   #failedAttempt(result: Acquisition, attempt: number): void {
@@ -424,8 +427,7 @@ export class Election {
   async #release(shuttingDown: boolean): Promise<Phase> {
     const token = this.#token!;
     const { key1, key2, autoReacquire } = this.#config;
-    this.#lease.revoke();
-    this.#setState("releasing");
+    this.#stopClaiming(); // already done by stop() or stepDown(), which led here
     let outcome: Unlock;
     try {
       outcome = await unlock(this.#session!, this.#protocol!, key1, key2);

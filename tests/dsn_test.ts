@@ -1,5 +1,6 @@
 import { deepEqual, equal, fail, ok, throws } from "node:assert/strict";
 import { type ConnectionParams, parseDsn, redactDsn } from "../src/dsn.ts";
+import { mulberry32 } from "../src/testing/_prng.ts";
 
 /** No environment: only the DSN and the built-in defaults count. */
 const NO_ENV = {};
@@ -625,18 +626,6 @@ Deno.test("redactDsn() never throws, even for a non-string", () => {
 
 // --- Fuzzing ------------------------------------------------------------------------------------
 
-/** mulberry32: a small seeded PRNG, so that a failure can be replayed from its seed. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 const SECRET = "SECRETxyz";
 
 /** Pieces that exercise every branch of both scanners. */
@@ -831,10 +820,10 @@ Deno.test("parseDsn() and redactDsn() survive 4000+ random and hostile strings q
   };
   // The 100 KB inputs once; small random ones from a fixed seed and from a new one each run.
   const fixed = 0x5eed;
-  const random = prng(fixed);
+  const random = mulberry32(fixed);
   check(hugeStrings(random), fixed, random);
   for (const seed of [fixed, crypto.getRandomValues(new Uint32Array(1))[0] ?? 1]) {
-    const random = prng(seed);
+    const random = mulberry32(seed);
     check(Array.from({ length: 1000 }, () => randomString(random)), seed, random);
   }
   const elapsed = performance.now() - started;

@@ -28,19 +28,11 @@ import { parseDsn, redactDsn } from ${
   JSON.stringify(new URL("../src/dsn.ts", import.meta.url).href)
 };
 import { LeaderLock } from ${JSON.stringify(new URL("../mod.ts", import.meta.url).href)};
+import { mulberry32 } from ${
+  JSON.stringify(new URL("../src/testing/_prng.ts", import.meta.url).href)
+};
 
 const SECRET = "pw-SECRET-7f3a";
-
-function mulberry32(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 self.onmessage = ({ data: { seed, runs } }) => {
   const random = mulberry32(seed);

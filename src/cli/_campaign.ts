@@ -9,7 +9,7 @@ import { UsageError } from "./_args.ts";
 import { type HttpEndpoints, serveEndpoints } from "./_http.ts";
 import { type LockSettings, logLockEvents } from "./_lock_flags.ts";
 import { LockMetrics, type MetricFamily } from "./_metrics.ts";
-import { errorMessage, type Logger } from "./_output.ts";
+import { errorMessage, type FieldValue, type Logger } from "./_output.ts";
 
 /** Options of {@linkcode Campaign.create}. */
 export interface CampaignOptions {
@@ -68,25 +68,45 @@ export class Campaign implements AsyncDisposable {
   }
 
   /**
-   * Creates the lock (stopped) and, with `--http`, starts the endpoints.
+   * Creates the lock (stopped), with `--http` starts the endpoints, and logs `starting` with the
+   * lock's settings followed by `fields`.
    *
    * @param options The subcommand, settings, logger and extras.
-   * @returns The campaign.
+   * @param fields What the subcommand adds to the `starting` line.
+   * @returns The campaign, or `undefined` when the endpoints cannot listen (logged).
    * @throws {UsageError} When the lock options are invalid.
-   * @throws {Error} When the endpoints cannot listen (the port is taken).
    */
-  static create(options: CampaignOptions): Campaign {
+  static create(
+    options: CampaignOptions,
+    fields: Record<string, FieldValue>,
+  ): Campaign | undefined {
+    const { settings, logger, metrics: extra } = options;
     const campaign = new Campaign(options);
-    const { settings, metrics: extra } = options;
     if (settings.http !== undefined) {
       const lockMetrics = new LockMetrics(campaign.lock);
-      campaign.#http = serveEndpoints(settings.http, {
-        lock: campaign.lock,
-        healthy: () => !campaign.#started || campaign.lock.state !== "stopped",
-        metrics: () => [...lockMetrics.families(), ...(extra?.() ?? [])],
-      });
-      options.logger.event("http", { url: campaign.#http.url });
+      try {
+        campaign.#http = serveEndpoints(settings.http, {
+          lock: campaign.lock,
+          healthy: () => !campaign.#started || campaign.lock.state !== "stopped",
+          metrics: () => [...lockMetrics.families(), ...(extra?.() ?? [])],
+        });
+      } catch (error) {
+        logger.event("error", { message: `cannot serve --http: ${errorMessage(error)}` });
+        return undefined;
+      }
+      logger.event("http", { url: campaign.#http.url });
     }
+    const { lock } = campaign;
+    logger.event("starting", {
+      key1: lock.key1,
+      key2: lock.key2,
+      identity: lock.identity,
+      dsn: settings.dsnShown,
+      healthInterval: settings.healthIntervalMs / 1000,
+      lease: settings.leaseMs / 1000,
+      ...fields,
+      pid: Deno.pid,
+    });
     return campaign;
   }
 

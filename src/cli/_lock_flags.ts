@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { parseDsn, redactDsn } from "../dsn.ts";
+import { parseDsn, readDenoEnv, redactDsn } from "../dsn.ts";
 import type { AcquireMode, LeaderLock, LeaderLockOptions } from "../leader_lock.ts";
 import { ExponentialBackoff } from "../retry.ts";
 import {
@@ -81,23 +81,6 @@ export interface LockSettings {
 }
 
 /**
- * Reads an environment variable without prompting or throwing when it may not be read.
- *
- * @param name The variable.
- * @returns Its value, or `undefined`.
- */
-export function readEnv(name: string): string | undefined {
-  try {
-    if (Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted") {
-      return undefined;
-    }
-    return Deno.env.get(name);
-  } catch {
-    return undefined;
-  }
-}
-
-/**
  * Reads and checks the shared flags.
  *
  * @param command The subcommand, for messages.
@@ -159,9 +142,9 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
   const httpText = get("http");
 
   const redactor = new Redactor();
-  redactor.add(readEnv("PGPASSWORD"));
+  redactor.add(readDenoEnv("PGPASSWORD"));
   const given = get("dsn");
-  const fromEnv = given === undefined ? readEnv("PG_DSN") : undefined;
+  const fromEnv = given === undefined ? readDenoEnv("PG_DSN") : undefined;
   const dsn = given ?? fromEnv ?? "";
   try {
     redactor.add(parseDsn(dsn).password);

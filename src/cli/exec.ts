@@ -156,33 +156,15 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     logger,
   });
 
-  let campaign: Campaign;
-  try {
-    campaign = Campaign.create({
-      command: "exec",
-      settings,
-      logger,
-      overrides: { settleMs: killGraceMs + SETTLE_SLACK_MS },
-      metrics: () => supervisor.metrics(),
-    });
-  } catch (error) {
-    if (error instanceof UsageError) throw error;
-    logger.event("error", { message: `cannot serve --http: ${errorMessage(error)}` });
-    return 1;
-  }
+  const campaign = Campaign.create({
+    command: "exec",
+    settings,
+    logger,
+    overrides: { settleMs: killGraceMs + SETTLE_SLACK_MS },
+    metrics: () => supervisor.metrics(),
+  }, { killGrace: killGraceMs / 1000, restart, command: rest });
+  if (!campaign) return 1;
   const { lock } = campaign;
-  logger.event("starting", {
-    key1: lock.key1,
-    key2: lock.key2,
-    identity: lock.identity,
-    dsn: settings.dsnShown,
-    healthInterval: settings.healthIntervalMs / 1000,
-    lease: settings.leaseMs / 1000,
-    killGrace: killGraceMs / 1000,
-    restart,
-    command: rest,
-    pid: Deno.pid,
-  });
 
   let stopRequested = false;
   using _signals = onSignals([...STOP_SIGNALS, ...FORWARDED_SIGNALS], (signal) => {

@@ -7,7 +7,7 @@
 import { parseArgs, UsageError } from "./_args.ts";
 import { Campaign, onSignals, STOP_SIGNALS } from "./_campaign.ts";
 import { LOCK_FLAGS, LOCK_FLAGS_HELP, lockSettings } from "./_lock_flags.ts";
-import { type CliIo, errorMessage, Logger } from "./_output.ts";
+import { type CliIo, Logger } from "./_output.ts";
 
 /** Exit status when leadership was lost and `--no-auto-reacquire` stopped the campaign. */
 export const EXIT_LOST = 75;
@@ -45,25 +45,10 @@ export async function runCommand(args: readonly string[], io: CliIo): Promise<nu
   const settings = lockSettings("run", flags);
   const logger = new Logger({ json: settings.json, write: io.stdout, redactor: settings.redactor });
 
-  let campaign: Campaign;
-  try {
-    campaign = Campaign.create({ command: "run", settings, logger });
-  } catch (error) {
-    if (error instanceof UsageError) throw error;
-    logger.event("error", { message: `cannot serve --http: ${errorMessage(error)}` });
-    return 1;
-  }
-  const { lock } = campaign;
-  logger.event("starting", {
-    key1: lock.key1,
-    key2: lock.key2,
-    identity: lock.identity,
-    dsn: settings.dsnShown,
-    healthInterval: settings.healthIntervalMs / 1000,
-    lease: settings.leaseMs / 1000,
+  const campaign = Campaign.create({ command: "run", settings, logger }, {
     acquireMode: settings.options.acquireMode,
-    pid: Deno.pid,
   });
+  if (!campaign) return 1;
 
   let signalled = false;
   let forced: () => void = () => {};

@@ -10,9 +10,8 @@ import { inspectLocks } from "../who_leads.ts";
 import type { AdvisoryLockInfo, SessionInfo } from "../protocol.ts";
 import { int32, parseArgs, seconds, UsageError } from "./_args.ts";
 import { onSignals, STOP_SIGNALS } from "./_campaign.ts";
-import { readEnv } from "./_lock_flags.ts";
 import { type CliIo, errorMessage, type FieldValue, Logger, Redactor } from "./_output.ts";
-import { parseDsn, redactDsn } from "../dsn.ts";
+import { parseDsn, readDenoEnv, redactDsn } from "../dsn.ts";
 
 const STATUS_FLAGS = {
   dsn: "value",
@@ -81,9 +80,9 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
     ? 1000
     : seconds("status", "interval", intervalText, 0.05);
   const redactor = new Redactor();
-  redactor.add(readEnv("PGPASSWORD"));
+  redactor.add(readDenoEnv("PGPASSWORD"));
   const given = flags.get("dsn");
-  const dsn = given ?? readEnv("PG_DSN") ?? "";
+  const dsn = given ?? readDenoEnv("PG_DSN") ?? "";
   try {
     redactor.add(parseDsn(dsn).password);
   } catch (error) {

@@ -21,6 +21,7 @@ import type { TestPostgres } from "./postgres.ts";
 import { type DenoProcess, spawnDeno } from "./processes.ts";
 import { processState } from "./_process_tree.ts";
 import { startTcpProxy, type TcpProxy } from "./proxy.ts";
+import { mulberry32 } from "./_prng.ts";
 
 /** The faults a scenario can inject. */
 export type FaultKind =
@@ -969,18 +970,6 @@ async function injectFollowerFault(
   }
   await fleet.settled();
   return undefined;
-}
-
-/** A small seeded PRNG (mulberry32), so that a soak can be replayed from its seed. */
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 /**
