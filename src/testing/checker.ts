@@ -18,6 +18,16 @@
  *   proves it did not on resume). This is weaker than the lease deadline, and is reported;
  * - for a SIGKILLed process: at the moment the signal was sent.
  *
+ * Liveness, the other half of the promise ("every candidate keeps competing, and someone leads"):
+ * - a candidate that printed `stopped`, or whose process exited, before the harness asked it to
+ *   stop (SIGTERM or `shutdown()`, {@linkcode CandidateLog.stopRequestedAt}) or SIGKILLed it, is a
+ *   `stopped-unasked` violation: nothing but its owner may end an election;
+ * - with {@linkcode CheckTermsOptions.maxLeaderlessMs}, every stretch of time in which no term was
+ *   open, outside the intervals in which no leader is possible (the server down or frozen,
+ *   {@linkcode CheckTermsOptions.excused}), that lasts longer than the bound is a `leaderless`
+ *   violation. The bound runs from the end of an excused interval, so a fleet has to lead again
+ *   within it after the server is back.
+ *
  * @module
  */
 
@@ -67,6 +77,54 @@ export interface CandidateLog {
   readonly freezes?: readonly FreezeInterval[] | undefined;
   /** The candidate's `leaseMs`, to tell a freeze past the lease from a shorter one. */
   readonly leaseMs?: number | undefined;
+  /**
+   * When the harness asked the candidate to stop (SIGTERM, SIGINT, `shutdown()`), if it did.
+   * A `stopped` line or an exit before it (and before any SIGKILL) is a `stopped-unasked`
+   * violation.
+   */
+  readonly stopRequestedAt?: number | undefined;
+  /** When the harness saw the process exit (wall-clock ms), if it did. */
+  readonly exitedAt?: number | undefined;
+}
+
+/** A stretch of wall-clock time, in ms. */
+export interface TimeInterval {
+  /** The start. */
+  readonly from: number;
+  /** The end (Infinity when it has none). */
+  readonly to: number;
+}
+
+/** Options of {@linkcode checkTerms}. */
+export interface CheckTermsOptions {
+  /**
+   * The longest the candidates may go without any leader, in ms, outside the
+   * {@linkcode CheckTermsOptions.excused} intervals: every longer stretch is a `leaderless`
+   * violation. For the kit's scenarios, {@linkcode leaderlessBoundMs} of `src/testing/scenarios.ts`
+   * gives the documented bound of their timings.
+   *
+   * @default {Infinity (not checked)}
+   */
+  readonly maxLeaderlessMs?: number;
+  /**
+   * Intervals in which no leader is possible (the server stopped, restarting or frozen). A
+   * leaderless stretch is measured without them, so the bound runs again from the end of each.
+   *
+   * @default {[]}
+   */
+  readonly excused?: readonly TimeInterval[];
+  /**
+   * When liveness starts to be observed.
+   *
+   * @default {the first `ready` line of any candidate}
+   */
+  readonly from?: number;
+  /**
+   * When liveness stops being observed.
+   *
+   * @default {the first stopRequestedAt of any candidate, else the last line printed}
+   */
+  readonly to?: number;
 }
 
 /** How a term's end was determined. */
@@ -112,7 +170,9 @@ export interface Violation {
     | "lock-left"
     | "session-left"
     | "password-leak"
-    | "clock-skew";
+    | "clock-skew"
+    | "stopped-unasked"
+    | "leaderless";
   /** A sentence saying what and where. */
   readonly message: string;
 }
@@ -137,6 +197,11 @@ export interface CheckReport {
    * at least that much. `undefined` when no record had `receivedAt`.
    */
   readonly clockSkewMs: number | undefined;
+  /**
+   * The longest stretch without a leader in the observed window, outside the excused intervals,
+   * in ms (0 when there was always one; `undefined` when there was no window to observe).
+   */
+  readonly maxLeaderlessMs: number | undefined;
 }
 
 /** How much clock disagreement between processes is tolerated before it is a violation. */
@@ -198,7 +263,9 @@ interface OpenTerm {
 /**
  * Rebuilds the terms of every candidate and checks them: no two overlap, tokens increase from
  * term to term, a process frozen past its lease printed the end of its term before anything
- * else about leadership on resume, and the processes' clocks agree.
+ * else about leadership on resume, and the processes' clocks agree. Liveness too: no candidate
+ * stopped unless asked, and (with `maxLeaderlessMs`) the candidates were never without a leader for
+ * longer than the bound outside the excused intervals.
  *
  * @example Two terms that overlap by 10 ms
  * ```ts
@@ -213,10 +280,34 @@ interface OpenTerm {
  * deepEqual(report.violations.map((v) => v.kind), ["overlap"]);
  * ```
  *
+ * @example A candidate that stopped by itself, and 900 ms without a leader
+ * ```ts
+ * import { checkTerms } from "@x/pgleaderlock/testing";
+ * import { deepEqual, equal } from "node:assert/strict";
+ *
+ * const report = checkTerms([
+ *   { name: "a", records: [{ type: "ready", t: 0 }, { type: "acquired", t: 10, token: "5" }, { type: "term-end", t: 100, token: "5" }, { type: "stopped", t: 101 }] },
+ *   { name: "b", records: [{ type: "ready", t: 5 }, { type: "acquired", t: 1000, token: "6" }], stopRequestedAt: 1500 },
+ * ], { maxLeaderlessMs: 500 });
+ * equal(report.maxLeaderlessMs, 900);
+ * deepEqual(report.violations.map((v) => v.kind), ["stopped-unasked", "leaderless"]);
+ * ```
+ *
  * @param logs One entry per candidate process.
+ * @param options The liveness bound, the excused intervals and the observed window.
  * @returns The terms and the violations.
+ * @throws {RangeError} When `maxLeaderlessMs` is negative or NaN.
  */
-export function checkTerms(logs: readonly CandidateLog[]): CheckReport {
+export function checkTerms(
+  logs: readonly CandidateLog[],
+  options: CheckTermsOptions = {},
+): CheckReport {
+  const { maxLeaderlessMs: bound = Infinity, excused = [] } = options;
+  if (!(bound >= 0)) {
+    throw new RangeError(
+      `Cannot check terms as 'maxLeaderlessMs' must be a number >= 0: current value is ${bound}`,
+    );
+  }
   const terms: Term[] = [];
   const violations: Violation[] = [];
   const notes: string[] = [];
@@ -273,7 +364,98 @@ export function checkTerms(logs: readonly CandidateLog[]): CheckReport {
       } ms before its own timestamp: the processes' clocks disagree, so times cannot be compared`,
     });
   }
-  return { terms, violations, maxOverlapMs, minGapMs, notes, clockSkewMs: skew };
+  for (const log of logs) violations.push(...unaskedStops(log));
+  const window = observedWindow(logs, options);
+  let maxLeaderless: number | undefined;
+  if (window !== undefined) {
+    const stretches = leaderlessStretches(terms, excused, window);
+    maxLeaderless = Math.max(0, ...stretches.map((s) => s.to - s.from));
+    for (const stretch of stretches) {
+      const length = stretch.to - stretch.from;
+      if (length <= bound) continue;
+      violations.push({
+        kind: "leaderless",
+        message:
+          `No candidate led for ${fmt(length)} ms (from ${fmt(stretch.from - window.from)} ` +
+          `to ${fmt(stretch.to - window.from)} ms into the run), longer than the bound of ${
+            fmt(bound)
+          } ms`,
+      });
+    }
+  }
+  return {
+    terms,
+    violations,
+    maxOverlapMs,
+    minGapMs,
+    notes,
+    clockSkewMs: skew,
+    maxLeaderlessMs: maxLeaderless,
+  };
+}
+
+/** A `stopped` line or an exit that came before the harness asked for it. */
+function unaskedStops(log: CandidateLog): Violation[] {
+  const { name, records, stopRequestedAt = Infinity, killedAt = Infinity } = log;
+  const askedAt = Math.min(stopRequestedAt, killedAt);
+  const stopped = records.find((r) =>
+    r.type === "stopped" || (r.type === "state" && r.to === "stopped")
+  );
+  if (stopped !== undefined) {
+    if (stopped.t >= askedAt) return [];
+    const why = records.filter((r) => r.type === "error" && r.t <= stopped.t).at(-1)?.message;
+    return [{
+      kind: "stopped-unasked",
+      message: `${name} stopped competing without being told to${
+        why === undefined ? "" : ` (its last error: ${why})`
+      }`,
+    }];
+  }
+  if (log.exitedAt !== undefined && log.exitedAt < askedAt) {
+    return [{
+      kind: "stopped-unasked",
+      message: `${name}'s process exited without being told to, and without printing stopped`,
+    }];
+  }
+  return [];
+}
+
+/** The window in which liveness is observed, or `undefined` when there is none. */
+function observedWindow(
+  logs: readonly CandidateLog[],
+  options: CheckTermsOptions,
+): TimeInterval | undefined {
+  const all = logs.flatMap((log) => log.records);
+  const from = options.from ??
+    Math.min(...all.filter((r) => r.type === "ready").map((r) => r.t));
+  const requested = logs.map((log) => log.stopRequestedAt).filter((t) => t !== undefined);
+  const to = options.to ??
+    (requested.length > 0 ? Math.min(...requested) : Math.max(...all.map((r) => r.t)));
+  return Number.isFinite(from) && Number.isFinite(to) && to > from ? { from, to } : undefined;
+}
+
+/**
+ * The stretches of `window` covered by no term and no excused interval, in order. A stretch that
+ * an excused interval interrupts counts as two.
+ */
+function leaderlessStretches(
+  terms: readonly Term[],
+  excused: readonly TimeInterval[],
+  window: TimeInterval,
+): TimeInterval[] {
+  const covered = [
+    ...terms.map((t) => ({ from: t.start, to: t.end })),
+    ...excused,
+  ].filter((c) => c.to > c.from).sort((a, b) => a.from - b.from);
+  const stretches: TimeInterval[] = [];
+  let cursor = window.from;
+  for (const c of covered) {
+    if (cursor >= window.to) break;
+    if (c.from > cursor) stretches.push({ from: cursor, to: Math.min(c.from, window.to) });
+    cursor = Math.max(cursor, c.to);
+  }
+  if (cursor < window.to) stretches.push({ from: cursor, to: window.to });
+  return stretches;
 }
 
 function termsOf(log: CandidateLog, violations: Violation[], notes: string[]): Term[] {

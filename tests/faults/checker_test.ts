@@ -1,3 +1,4 @@
+import { throws } from "node:assert/strict";
 import { assert, assertEquals } from "../_assert.ts";
 import {
   type CandidateLog,
@@ -136,6 +137,98 @@ Deno.test("checkTerms() reports clocks that disagree between processes", () => {
   ]);
   assertEquals(report.violations.map((v) => v.kind), ["clock-skew"]);
   assertEquals(report.clockSkewMs, -10);
+});
+
+const ready = (t: number): CandidateRecord => ({ type: "ready", t });
+const stopped = (t: number): CandidateRecord => ({ type: "stopped", t });
+const error = (t: number, message: string): CandidateRecord => ({ type: "error", t, message });
+
+Deno.test("checkTerms() reports a candidate that stopped without being told to, with its last error", () => {
+  const report = checkTerms([
+    log("a", [
+      ready(0),
+      acquired(10, 5),
+      termEnd(100, 5),
+      lost(100.5),
+      error(150, "pooler"),
+      stopped(160),
+    ]),
+    log("b", [ready(5), acquired(120, 6)], { stopRequestedAt: 500 }),
+  ]);
+  assertEquals(report.violations.map((v) => v.kind), ["stopped-unasked"]);
+  assert(report.violations[0]!.message.includes("a stopped"), report.violations[0]!.message);
+  assert(report.violations[0]!.message.includes("pooler"), report.violations[0]!.message);
+});
+
+Deno.test("checkTerms() accepts a stop the harness asked for, and a SIGKILL", () => {
+  const report = checkTerms([
+    log("a", [ready(0), acquired(10, 5), termEnd(100, 5), stopped(101)], { stopRequestedAt: 99 }),
+    log("b", [ready(5)], { killedAt: 50, exitedAt: 52 }),
+    log("c", [ready(5), acquired(101, 6), termEnd(200, 6), stopped(201)], { stopRequestedAt: 99 }),
+  ]);
+  assertEquals(report.violations, []);
+});
+
+Deno.test("checkTerms() reports a process that exited unasked without printing stopped", () => {
+  const report = checkTerms([
+    log("a", [ready(0), acquired(10, 5), termEnd(100, 5)], { exitedAt: 120 }),
+  ]);
+  assertEquals(report.violations.map((v) => v.kind), ["stopped-unasked"]);
+});
+
+Deno.test("checkTerms() reports a stretch without a leader longer than the bound", () => {
+  // a leads 10-100, nobody 100-1000, b leads from 1000 until the harness stops everyone at 1500.
+  const logs = [
+    log("a", [ready(0), acquired(10, 5), termEnd(100, 5), lost(101)], { stopRequestedAt: 1500 }),
+    log("b", [ready(5), acquired(1000, 6)], { stopRequestedAt: 1500 }),
+  ];
+  const report = checkTerms(logs, { maxLeaderlessMs: 500 });
+  assertEquals(report.violations.map((v) => v.kind), ["leaderless"]);
+  assertEquals(report.maxLeaderlessMs, 900);
+  assert(report.violations[0]!.message.includes("900.0 ms"), report.violations[0]!.message);
+  // Without a bound, the stretch is measured but not a violation.
+  assertEquals(checkTerms(logs).violations, []);
+  assertEquals(checkTerms(logs).maxLeaderlessMs, 900);
+  // Within the bound, nothing to report.
+  assertEquals(checkTerms(logs, { maxLeaderlessMs: 900 }).violations, []);
+});
+
+Deno.test("checkTerms() measures a leaderless stretch without the excused intervals", () => {
+  const logs = [
+    log("a", [ready(0), acquired(10, 5), termEnd(100, 5)], { stopRequestedAt: 3000 }),
+    log("b", [ready(5), acquired(1900, 6)], { stopRequestedAt: 3000 }),
+  ];
+  // The server was down from 120 to 1500: 20 ms before it, 400 ms after it.
+  const report = checkTerms(logs, { maxLeaderlessMs: 500, excused: [{ from: 120, to: 1500 }] });
+  assertEquals(report.violations, []);
+  assertEquals(report.maxLeaderlessMs, 400);
+  // Back at 1200 instead: 700 ms after it, over the bound.
+  const late = checkTerms(logs, { maxLeaderlessMs: 500, excused: [{ from: 120, to: 1200 }] });
+  assertEquals(late.violations.map((v) => v.kind), ["leaderless"]);
+});
+
+Deno.test("checkTerms() reports a fleet whose last leader stopped and nobody took over", () => {
+  // The trace of a pooler false verdict: every candidate stops, so the lock is never taken again.
+  const report = checkTerms([
+    log("a", [ready(0), acquired(10, 5), termEnd(100, 5), lost(100), stopped(130)], {
+      stopRequestedAt: 5000,
+    }),
+    log("b", [ready(5), error(140, "pooler"), stopped(150)], { stopRequestedAt: 5000 }),
+  ], { maxLeaderlessMs: 2000 });
+  assertEquals(report.violations.map((v) => v.kind), [
+    "stopped-unasked",
+    "stopped-unasked",
+    "leaderless",
+  ]);
+  assertEquals(report.maxLeaderlessMs, 4900);
+});
+
+Deno.test("checkTerms() refuses a negative leaderless bound", () => {
+  throws(() => checkTerms([], { maxLeaderlessMs: -1 }), {
+    name: "RangeError",
+    message: /'maxLeaderlessMs' must be a number >= 0: current value is -1/,
+  });
+  throws(() => checkTerms([], { maxLeaderlessMs: NaN }), { name: "RangeError" });
 });
 
 Deno.test("parseCandidateOutput() keeps candidate records and skips other lines", () => {
