@@ -1,10 +1,12 @@
 /**
- * Command-line parsing for the CLI: flags with values (`--key1 5` or `--key1=5`), boolean flags,
- * and `--` ending the flags. Every mistake is a {@linkcode UsageError}, which the CLI prints with
- * a hint and turns into exit status 2.
+ * Command-line parsing for the CLI, on `node:util`'s `parseArgs` (its tokens), with the CLI's own
+ * checks on top: flags with values (`--key1 5` or `--key1=5`, also `--key1 -5`), switches, `-h`,
+ * and `--` ending the flags. Every mistake is a {@linkcode UsageError} naming the flag, which the
+ * CLI prints with a hint and turns into exit status 2.
  *
  * @module
  */
+import { parseArgs as tokenize } from "node:util";
 
 /** The command line was wrong. `main` prints it with a pointer to `--help` and exits 2. */
 export class UsageError extends Error {
@@ -27,7 +29,7 @@ export class UsageError extends Error {
 /** What a flag is: one that takes a value, or a switch. */
 export type FlagKind = "value" | "switch";
 
-/** Flags by name (without the leading `--`). */
+/** Flags by name (without the leading `--`). `help` also answers to `-h`. */
 export type FlagSpecs = Readonly<Record<string, FlagKind>>;
 
 /** The parsed command line of one subcommand. */
@@ -54,6 +56,9 @@ export interface ParseArgsOptions {
 /**
  * Parses `args` against `specs`.
  *
+ * `node:util`'s `parseArgs` splits the arguments into tokens (in its non-strict mode, so that a
+ * value may start with a dash, as a negative key does); the checks and their messages are ours.
+ *
  * @param command The subcommand, for messages.
  * @param args The arguments after the subcommand.
  * @param specs The flags the subcommand takes.
@@ -69,59 +74,61 @@ export function parseArgs(
   options: ParseArgsOptions = {},
 ): ParsedArgs {
   const { stopAtPositional = false } = options;
+  const { tokens } = tokenize({
+    args: [...args],
+    options: Object.fromEntries(
+      Object.entries(specs).map(([name, kind]) => [
+        name,
+        {
+          type: kind === "value" ? "string" as const : "boolean" as const,
+          ...(name === "help" ? { short: "h" } : {}),
+        },
+      ]),
+    ),
+    strict: false,
+    allowPositionals: true,
+    tokens: true,
+  });
   const flags = new Map<string, string>();
   const rest: string[] = [];
-  let dashDash = false;
-  for (let i = 0; i < args.length; i++) {
-    const arg = args[i]!;
-    if (arg === "--") {
-      dashDash = true;
-      rest.push(...args.slice(i + 1));
-      break;
+  for (const token of tokens) {
+    if (token.kind === "option-terminator") {
+      rest.push(...args.slice(token.index + 1));
+      return { flags, rest, dashDash: true };
     }
-    if (!arg.startsWith("-") || arg === "-") {
+    if (token.kind === "positional") {
       if (stopAtPositional) {
-        rest.push(...args.slice(i));
+        rest.push(...args.slice(token.index));
         break;
       }
-      rest.push(arg);
+      rest.push(token.value);
       continue;
     }
-    if (arg === "-h") {
-      flags.set("help", "true");
-      continue;
-    }
-    if (!arg.startsWith("--")) {
-      throw new UsageError(`unknown option '${arg}'`, command);
-    }
-    const equals = arg.indexOf("=");
-    const name = arg.slice(2, equals === -1 ? undefined : equals);
-    const kind = specs[name];
-    if (kind === undefined) {
-      throw new UsageError(`unknown option '--${name}'`, command);
+    const { name, rawName } = token;
+    const kind = Object.hasOwn(specs, name) ? specs[name] : undefined;
+    // A short flag other than -h, or a long one we do not know.
+    if (kind === undefined || (rawName.length === 2 && name !== "help")) {
+      throw new UsageError(`unknown option '${rawName}'`, command);
     }
     if (flags.has(name)) {
       throw new UsageError(`option '--${name}' was given more than once`, command);
     }
     if (kind === "switch") {
-      if (equals !== -1) {
-        throw new UsageError(`option '--${name}' takes no value: got '${arg}'`, command);
+      if (token.value !== undefined) {
+        throw new UsageError(
+          `option '--${name}' takes no value: got '${args[token.index]}'`,
+          command,
+        );
       }
       flags.set(name, "true");
       continue;
     }
-    if (equals !== -1) {
-      flags.set(name, arg.slice(equals + 1));
-      continue;
-    }
-    const value = args[i + 1];
-    if (value === undefined) {
+    if (token.value === undefined) {
       throw new UsageError(`option '--${name}' needs a value`, command);
     }
-    flags.set(name, value);
-    i++;
+    flags.set(name, token.value);
   }
-  return { flags, rest, dashDash };
+  return { flags, rest, dashDash: false };
 }
 
 const INT32_MIN = -2147483648;
