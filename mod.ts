@@ -55,15 +55,14 @@ export {
   type RetryLimitOptions,
   type RetryStrategy,
 } from "./src/retry.ts";
-export { ConnectionError, LockError, PgLeaderLockError, ShutdownError } from "./src/errors.ts";
 export {
-  type ConnectionParams,
-  type DsnHost,
-  parseDsn,
-  redactDsn,
-  type SslMode,
-  type TargetSessionAttrs,
-} from "./src/dsn.ts";
+  ConnectionError,
+  LeadershipEndedError,
+  LockError,
+  PgLeaderLockError,
+  ShutdownError,
+  type TermEndReason,
+} from "./src/errors.ts";
 export type { PgClient } from "./src/pg_session.ts";
 export {
   type AdvisoryLockInfo,

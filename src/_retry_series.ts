@@ -6,10 +6,16 @@
 import type { Clock } from "./lease.ts";
 import type { RetryStrategy } from "./retry.ts";
 
+/** The delay used when a retry strategy returns something that is not a delay. */
+export const FALLBACK_DELAY_MS = 1000;
+/** The longest delay a timer takes: 2^31 - 1 ms. */
+const MAX_TIMER_MS = 2_147_483_647;
+
 /** One series of failed attempts, reset by a success. */
 export class RetrySeries {
   readonly #strategy: RetryStrategy;
   readonly #now: Clock;
+  readonly #onInvalid: (what: string, cause: unknown) => void;
   #attempt = 0;
   #startedAt = 0;
 
@@ -18,10 +24,16 @@ export class RetrySeries {
    *
    * @param strategy The strategy that paces it.
    * @param now The clock.
+   * @param onInvalid Told when the strategy returns something that is not a delay or `null`.
    */
-  constructor(strategy: RetryStrategy, now: Clock) {
+  constructor(
+    strategy: RetryStrategy,
+    now: Clock,
+    onInvalid: (what: string, cause: unknown) => void = () => {},
+  ) {
     this.#strategy = strategy;
     this.#now = now;
+    this.#onInvalid = onInvalid;
   }
 
   /** Failed attempts so far. */
@@ -33,17 +45,30 @@ export class RetrySeries {
    * Records a failure and asks the strategy for the delay before the next attempt.
    *
    * @param error The failure.
-   * @returns The delay, or `null` when the strategy gives up.
+   * @returns The delay, or `null` when the strategy gives up. A result that is neither `null` nor
+   * a finite number >= 0 (or a strategy that throws) is reported through `onInvalid` and replaced by
+   * {@linkcode FALLBACK_DELAY_MS}; a delay above 2^31 - 1 ms is clamped to it.
    */
   fail(error: unknown): number | null {
     if (this.#attempt === 0) this.#startedAt = this.#now();
     this.#attempt++;
-    const delay = this.#strategy.nextDelayMs({
-      attempt: this.#attempt,
-      elapsedMs: this.#now() - this.#startedAt,
-      lastError: error,
-    });
-    return delay === null ? null : Math.max(0, Number(delay) || 0);
+    let delay: unknown;
+    try {
+      delay = this.#strategy.nextDelayMs({
+        attempt: this.#attempt,
+        elapsedMs: this.#now() - this.#startedAt,
+        lastError: error,
+      });
+    } catch (thrown) {
+      this.#onInvalid(`threw ${thrown instanceof Error ? thrown.message : String(thrown)}`, thrown);
+      return FALLBACK_DELAY_MS;
+    }
+    if (delay === null) return null;
+    if (typeof delay !== "number" || !Number.isFinite(delay) || delay < 0) {
+      this.#onInvalid(`returned ${typeof delay === "number" ? delay : typeof delay}`, undefined);
+      return FALLBACK_DELAY_MS;
+    }
+    return Math.min(delay, MAX_TIMER_MS);
   }
 
   /** Starts a new series. */

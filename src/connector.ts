@@ -4,8 +4,21 @@
  * @module
  */
 import { type ConnectionParams, parseDsn } from "./dsn.ts";
-import { connectPg, describeHost, type PgClient, PgSession } from "./pg_session.ts";
+import { ConnectionError, sqlState } from "./errors.ts";
+import {
+  connectPg,
+  describeHost,
+  isPermanentPgError,
+  type PgClient,
+  PgSession,
+} from "./pg_session.ts";
 import type { SessionConnector } from "./session.ts";
+
+/** Options of {@linkcode makeConnector}. */
+export interface MakeConnectorOptions {
+  /** The TCP keepalive delay to ask the client for. */
+  readonly keepAliveDelayMs: number;
+}
 
 /** How to reach PostgreSQL: a DSN, or a function that opens the connection. */
 export interface ConnectionOptions {
@@ -19,7 +32,10 @@ export interface ConnectionOptions {
   dsn?: string;
   /**
    * Opens the connection yourself: returns a connected `pg.Client` (npm:pg) that nothing else
-   * uses. Bypasses `dsn`. The signal aborts when the attempt is no longer needed.
+   * uses. Bypasses `dsn`. The signal aborts when the attempt is no longer needed. The lock's
+   * settings are then applied by its first statement instead of the startup packet, so that
+   * statement runs under whatever the role and database set (a 1 ms `statement_timeout` can fail
+   * it): prefer `dsn`.
    */
   connect?: (signal: AbortSignal) => Promise<PgClient>;
 }
@@ -32,6 +48,8 @@ export interface Connector {
   readonly target: string;
   /** The DSN's application_name, if it has one. */
   readonly applicationName?: string | undefined;
+  /** Whether sessions get their settings in the startup packet (not for a custom `connect`). */
+  readonly pinsAtStartup: boolean;
 }
 
 /**
@@ -39,7 +57,7 @@ export interface Connector {
  *
  * @param options `dsn` or `connect`.
  * @param where The start of error messages, e.g. "Cannot create LeaderLock".
- * @param keepAliveDelayMs The TCP keepalive delay to ask the client for.
+ * @param settings The TCP keepalive delay.
  * @returns The connector.
  * @throws {TypeError} When the DSN cannot be parsed or an option has the wrong type.
  * @throws {RangeError} When the DSN has an out-of-range value (a port).
@@ -47,8 +65,9 @@ export interface Connector {
 export function makeConnector(
   options: ConnectionOptions,
   where: string,
-  keepAliveDelayMs: number,
+  settings: MakeConnectorOptions,
 ): Connector {
+  const { keepAliveDelayMs } = settings;
   const { dsn, connect } = options;
   if (connect !== undefined) {
     if (typeof connect !== "function") {
@@ -56,9 +75,11 @@ export function makeConnector(
         `${where} as 'connect' must be a function: current value is ${typeof connect}`,
       );
     }
+    const target = "the server of the custom connect function";
     return {
-      target: "the server of the custom connect function",
-      connect: async (signal) => new PgSession(await connect(signal)),
+      target,
+      connect: classified(target, async (signal) => new PgSession(await connect(signal))),
+      pinsAtStartup: false,
     };
   }
   if (dsn !== undefined && typeof dsn !== "string") {
@@ -75,10 +96,49 @@ export function makeConnector(
       ? new RangeError(message, { cause: error })
       : new TypeError(message, { cause: error });
   }
+  const target = params.hosts.map(describeHost).join(",") +
+    (params.database !== undefined ? `/${params.database}` : "");
+  const unknownSettings = new Set<string>();
   return {
-    target: params.hosts.map(describeHost).join(",") +
-      (params.database !== undefined ? `/${params.database}` : ""),
+    target,
     applicationName: params.applicationName,
-    connect: (signal) => connectPg(params, { signal, keepAliveDelayMs }),
+    connect: classified(target, (signal, sessionSettings) =>
+      connectPg(params, {
+        signal,
+        keepAliveDelayMs,
+        settings: sessionSettings ?? {},
+        unknownSettings,
+      })),
+    pinsAtStartup: true,
   };
+}
+
+/** Turns every failure but an abort into a {@linkcode ConnectionError} that says if it is permanent. */
+function classified(target: string, connect: SessionConnector): SessionConnector {
+  return async (signal, settings) => {
+    try {
+      return await connect(signal, settings);
+    } catch (error) {
+      if (signal.aborted && error === signal.reason) throw error;
+      throw toConnectionError(error, target);
+    }
+  };
+}
+
+/**
+ * Wraps a driver error as a {@linkcode ConnectionError} whose message names the target and the
+ * server's reason, never a password.
+ *
+ * @param error The error.
+ * @param target The target, without a password.
+ * @returns The ConnectionError (`error` itself when it is one).
+ */
+export function toConnectionError(error: unknown, target: string): ConnectionError {
+  if (error instanceof ConnectionError) return error;
+  const code = sqlState(error);
+  const detail = error instanceof Error ? error.message : String(error);
+  return new ConnectionError(
+    `Cannot connect to ${target}: ${detail}${code ? ` (SQLSTATE ${code})` : ""}`,
+    { cause: error, code, permanent: isPermanentPgError(error) },
+  );
 }

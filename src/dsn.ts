@@ -22,6 +22,7 @@
  *
  * @module
  */
+import { env as runtimeEnv } from "./_runtime.ts";
 
 /** One server to try. */
 export interface DsnHost {
@@ -153,7 +154,7 @@ export function parseDsn(
   const uri = uriBounds(dsn);
   if (uri === undefined) parseKeywordValue(dsn, settings);
   else parseUri(dsn, uri, settings);
-  return resolve(settings, env === undefined ? readDenoEnv : (name) => readEnv(env, name));
+  return resolve(settings, env === undefined ? runtimeEnv : (name) => readEnv(env, name));
 }
 
 /**
@@ -783,21 +784,14 @@ function readEnv(
 }
 
 /**
- * Reads a variable from `Deno.env` only if permission is already granted: never prompts, never
- * throws.
+ * Reads an environment variable only if permission is already granted: never prompts, never
+ * throws. Kept for the CLI; the library reads through the runtime seam (`_runtime.ts`).
  *
  * @param name The variable.
  * @returns Its value, or `undefined`.
  */
 export function readDenoEnv(name: string): string | undefined {
-  try {
-    if (Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted") {
-      return undefined;
-    }
-    return Deno.env.get(name);
-  } catch {
-    return undefined;
-  }
+  return runtimeEnv(name);
 }
 
 /** A value and where it came from, for messages. */

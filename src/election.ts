@@ -2,91 +2,70 @@
  * The election loop and every state transition, in one place.
  *
  * Phases: connect (follower) -> acquire (acquiring) -> lead (leader) -> release (releasing) or
- * reconnect (reconnecting). Each phase returns the next; the loop ends in `stopped`.
+ * reconnect (reconnecting). Each phase returns the next; the loop ends in `stopped`. Every state
+ * change goes through {@linkcode Election.#setState}, which refuses a transition that is not in
+ * `TRANSITIONS` (state.ts); every public event goes through one queue ({@linkcode Election.#emit}),
+ * so that listeners see events in the order they happened even when a listener calls back into
+ * the lock (a `stepDown()` from an `acquired` listener is seen after `acquired`).
+ *
+ * This module loads no driver: sessions come from the configured connector.
  *
  * @module
  */
-import {
-  ABORTED,
-  DeadlineError,
-  type Deferred,
-  deferred,
-  sleep,
-  untilAborted,
-  withDeadline,
-} from "./_async.ts";
+import { ABORTED, DeadlineError, sleep, untilAborted, withDeadline } from "./_async.ts";
 import { RetrySeries } from "./_retry_series.ts";
-import { ConnectionError, LockError, PgLeaderLockError } from "./errors.ts";
-import type { LostReason } from "./events.ts";
-import { type Clock, Lease } from "./lease.ts";
-import { isPermanentPgError, sqlState } from "./pg_session.ts";
 import {
+  asLockError,
+  ConnectionError,
+  LeadershipEndedError,
+  LockError,
+  PgLeaderLockError,
+  ShutdownError,
+  sqlState,
+  type TermEndReason,
+} from "./errors.ts";
+import {
+  AcquiredEvent,
+  AcquireFailedEvent,
+  LeaderChangeEvent,
+  LeaderLockErrorEvent,
+  LostEvent,
+  type LostReason,
+  ReleasedEvent,
+  RenewedEvent,
+  StateChangeEvent,
+} from "./events.ts";
+import { type Clock, Lease } from "./lease.ts";
+import type { LockConfig } from "./options.ts";
+import {
+  ackWindowMs,
+  type AcquireOptions,
   type Acquisition,
   type Holder,
-  holds,
-  holdsWithToken,
   LOCK_TIMEOUT_SQLSTATE,
-  type ProtocolSession,
-  setUp,
-  tryLock,
-  type Unlock,
-  unlock,
-  waitLock,
+  LockStatements,
+  MIN_SERVER_VERSION,
+  type SessionFacts,
+  type StatementRunner,
 } from "./protocol.ts";
-import type { RetryStrategy } from "./retry.ts";
-import type { LockSession, SessionConnector } from "./session.ts";
-import type { LockState } from "./state.ts";
-
-/** How a follower competes for the lock. */
-export type AcquireMode = "wait" | "poll";
-
-/** Everything the election needs, already validated. */
-export interface ElectionConfig {
-  readonly key1: number;
-  readonly key2: number;
-  readonly acquireMode: AcquireMode;
-  readonly retryStrategy: RetryStrategy;
-  readonly healthIntervalMs: number;
-  readonly leaseMs: number;
-  readonly reconnectGraceMs: number | undefined;
-  readonly autoReacquire: boolean;
-  readonly settleMs: number;
-  readonly settings: Record<string, string>;
-  readonly connect: SessionConnector;
-  /** The target for messages, without a password. */
-  readonly target: string;
-  readonly clock: Clock;
-}
-
-/** What the election reports, in order, as it happens. */
-export interface ElectionObserver {
-  state(from: LockState, to: LockState): void;
-  acquired(token: bigint, regained: boolean): void;
-  renewed(token: bigint, deadline: number): void;
-  released(token: bigint): void;
-  lost(reason: LostReason, token: bigint, error: unknown): void;
-  acquireFailed(attempt: number): void;
-  leaderChange(holder: Holder): void;
-  /** Whether anyone listens to leader changes (worth one extra statement per wait window). */
-  wantsHolder(): boolean;
-  error(error: unknown): void;
-  connected(): void;
-}
+import type { LockSession } from "./session.ts";
+import { canTransition, type LockState } from "./state.ts";
 
 type Phase =
   | { readonly kind: "connect" }
   | {
     readonly kind: "acquire";
+    /** Skip the first try-lock: queue behind the waiting followers (after a step-down). */
     readonly queueOnly: boolean;
-    /** Right after a step-down: the first wait carries the release marker. */
-    readonly afterRelease?: boolean;
+    /** The first wait carries the release comment (right after a step-down). */
+    readonly marked: boolean;
   }
   | { readonly kind: "lead" }
   | {
     readonly kind: "reconnect";
     readonly token: bigint;
     readonly reason: LostReason;
-    readonly error: unknown;
+    readonly error: PgLeaderLockError | undefined;
     readonly deadline: number;
   }
   | { readonly kind: "done" };
@@ -111,40 +90,77 @@ class SessionLost extends Error {
   }
 }
 
+/** The current term: from the grant to the end of leadership. */
+interface Term {
+  readonly token: bigint;
+  readonly controller: AbortController;
+  timer: ReturnType<typeof setTimeout> | undefined;
+}
+
 /** One run of the election state machine, from start to stopped. */
 export class Election {
-  readonly #config: ElectionConfig;
-  readonly #observer: ElectionObserver;
+  readonly #config: LockConfig;
+  readonly #dispatch: (event: Event) => void;
+  readonly #clock: Clock;
+  readonly #statements: LockStatements;
   readonly #lease: Lease;
   readonly #stop = new AbortController();
+  readonly #ready = Promise.withResolvers<void>();
   readonly #connectSeries: RetrySeries;
   readonly #pollSeries: RetrySeries;
+  readonly #queue: Event[] = [];
+  #draining = false;
   #state: LockState = "stopped";
   #token: bigint | undefined;
+  #term: Term | undefined;
+  #acknowledged = false;
   #session: LockSession | undefined;
-  #protocol: ProtocolSession | undefined;
+  #facts: SessionFacts | undefined;
   #sessionLost: AbortSignal = AbortSignal.abort();
-  #stepDown: Deferred<void> | undefined;
+  #lastSessionError: unknown;
+  #stepDown: PromiseWithResolvers<void> | undefined;
   #stepDownRequested = new AbortController();
-  #lastCheckSentAt = 0;
+  #lastCheckSentAt = -Infinity;
   #lastCheckRttMs: number | undefined;
+  /** Failed attempts since this process last became a follower. */
+  #attempts = 0;
   /** The holder a follower last reported, to dispatch leaderchange only on a change. */
   #lastHolder: Holder | undefined;
-  #lastSessionError: unknown;
-  #fatal: ConnectionError | undefined;
+  #fatal: PgLeaderLockError | undefined;
+  #finished: Promise<void> | undefined;
+  /**
+   * Whether followers read the holder after every wait window (one more statement per window),
+   * for `leaderchange` listeners. Set by the owner as listeners come and go.
+   */
+  watchHolder = false;
 
   /**
    * Creates an election that has not started.
    *
-   * @param config The validated configuration.
-   * @param observer Receives states and events.
+   * @param config The resolved configuration.
+   * @param dispatch Dispatches a public event (must not throw).
+   * @param clock The monotonic clock.
    */
-  constructor(config: ElectionConfig, observer: ElectionObserver) {
+  constructor(
+    config: LockConfig,
+    dispatch: (event: Event) => void,
+    clock: Clock = () => performance.now(),
+  ) {
     this.#config = config;
-    this.#observer = observer;
-    this.#lease = new Lease(config.leaseMs, config.clock);
-    this.#connectSeries = new RetrySeries(config.retryStrategy, config.clock);
-    this.#pollSeries = new RetrySeries(config.retryStrategy, config.clock);
+    this.#dispatch = dispatch;
+    this.#clock = clock;
+    this.#statements = new LockStatements(config.key1, config.key2, config.leaseMs);
+    this.#lease = new Lease(config.leaseMs, clock);
+    const onInvalid = (what: string, cause: unknown) =>
+      this.#emitError(
+        new PgLeaderLockError(
+          `The retry strategy ${what}, which is not a delay in ms or null: retrying in 1000 ms`,
+          { cause },
+        ),
+      );
+    this.#connectSeries = new RetrySeries(config.retryStrategy, clock, onInvalid);
+    this.#pollSeries = new RetrySeries(config.retryStrategy, clock, onInvalid);
+    this.#ready.promise.catch(() => {});
   }
 
   /** The current state. */
@@ -162,19 +178,26 @@ export class Election {
     return this.isLeader ? this.#token : undefined;
   }
 
-  /** The backend pid of the current session (0 without one). */
-  get backendPid(): number {
-    return this.#session?.isEnded === false ? this.#protocol?.backendPid ?? 0 : 0;
+  /** The current term's signal while leader (aborted once the term ends). */
+  get termSignal(): AbortSignal | undefined {
+    return this.#term?.controller.signal;
   }
 
-  /** Round trip of the last successful ownership check (or acquisition), in ms. */
+  /** The backend pid of the current session (0 without one). */
+  get backendPid(): number {
+    return this.#session?.isEnded === false ? this.#facts?.backendPid ?? 0 : 0;
+  }
+
+  /** Round trip of the last successful ownership check, in ms. */
   get lastCheckRttMs(): number | undefined {
     return this.#lastCheckRttMs;
   }
 
   /** Milliseconds since the last successful ownership proof was sent, while leader. */
   get lastCheckAgeMs(): number | undefined {
-    return this.#state === "leader" ? this.#config.clock() - this.#lastCheckSentAt : undefined;
+    return this.#state === "leader" && Number.isFinite(this.#lastCheckSentAt)
+      ? this.#clock() - this.#lastCheckSentAt
+      : undefined;
   }
 
   /** Milliseconds of lease left (0 when not leader). */
@@ -182,38 +205,48 @@ export class Election {
     return this.#state === "leader" ? this.#lease.remainingMs : 0;
   }
 
-  /** Asks the loop to stop: a leader releases, everything open is closed. */
-  stop(): void {
+  /**
+   * Settles once the first session is open and set up; rejects with the error that stopped the
+   * election if it stopped before that.
+   */
+  get ready(): Promise<void> {
+    return this.#ready.promise;
+  }
+
+  /** Whether {@linkcode run} has returned (everything closed). */
+  get finished(): boolean {
+    return this.#finished !== undefined && this.#state === "stopped" && this.#session === undefined;
+  }
+
+  /**
+   * Stops: a leader stops claiming at once, releases, and everything open is closed.
+   *
+   * @param timeoutMs When it passes, the socket is closed anyway and this rejects.
+   * @returns Settles when the run has ended.
+   * @throws {ShutdownError} When `timeoutMs` passed first.
+   */
+  async stop(timeoutMs: number): Promise<void> {
     this.#stopClaiming();
     this.#stop.abort();
+    await this.#within(this.#finished ?? Promise.resolve(), timeoutMs, "shutdown");
   }
 
   /**
-   * A leader asked to release stops counting itself leader at once, even while a health check is
-   * in flight: the unlock follows when the session is free.
-   */
-  #stopClaiming(): void {
-    if (this.#state !== "leader") return;
-    this.#lease.revoke();
-    this.#setState("releasing");
-  }
-
-  /** Closes the socket at once (used when a shutdown timed out). */
-  destroySession(): void {
-    this.#session?.destroy();
-  }
-
-  /**
-   * Asks the leader to release and re-enter the election (or stop, without autoReacquire).
+   * Asks the leader to release and re-enter the election (or stop, without autoReacquire). It
+   * stops claiming at once (isLeader false, term signal aborted), even with a check in flight.
    *
+   * @param timeoutMs When it passes, the socket is closed anyway and this rejects.
    * @returns Settles when the lock was released, or at once when not leader.
+   * @throws {LockError} When the unlock found the lock not held.
+   * @throws {ShutdownError} When `timeoutMs` passed first.
    */
-  stepDown(): Promise<void> {
-    if (this.#state !== "leader") return Promise.resolve();
-    this.#stepDown ??= deferred<void>();
+  async stepDown(timeoutMs: number): Promise<void> {
+    if (this.#state !== "leader") return;
+    this.#stepDown ??= Promise.withResolvers<void>();
+    const released = this.#stepDown.promise;
     this.#stopClaiming();
     this.#stepDownRequested.abort();
-    return this.#stepDown.promise;
+    await this.#within(released, timeoutMs, "stepDown");
   }
 
   /**
@@ -221,17 +254,22 @@ export class Election {
    *
    * @returns Settles in state `stopped`, with everything closed.
    */
-  async run(): Promise<void> {
+  run(): Promise<void> {
+    this.#finished ??= this.#loop();
+    return this.#finished;
+  }
+
+  async #loop(): Promise<void> {
     let phase: Phase = CONNECT;
     try {
       while (phase.kind !== "done") {
-        if (this.#stop.signal.aborted && phase.kind !== "lead") break;
+        if (this.#stopping && phase.kind !== "lead") break;
         switch (phase.kind) {
           case "connect":
             phase = await this.#connectPhase();
             break;
           case "acquire":
-            phase = await this.#acquirePhase(phase.queueOnly, phase.afterRelease ?? false);
+            phase = await this.#acquirePhase(phase);
             break;
           case "lead":
             phase = await this.#leadPhase();
@@ -243,172 +281,188 @@ export class Election {
       }
     } catch (error) {
       // A bug guard: the loop itself must never reject.
-      this.#observer.error(error);
+      this.#emitError(asLockError(error, "Internal error in the election loop"));
     } finally {
       this.#lease.revoke();
+      this.#endTerm("released", undefined);
       await this.#closeSession(true);
       this.#settleStepDown();
       this.#setState("stopped");
+      this.#ready.reject(
+        this.#fatal ?? new PgLeaderLockError("LeaderLock stopped before it connected"),
+      );
     }
+  }
+
+  get #stopping(): boolean {
+    return this.#stop.signal.aborted;
   }
 
   // --- phases -----------------------------------------------------------------------------
 
   async #connectPhase(): Promise<Phase> {
     this.#setState("follower");
-    while (!this.#stop.signal.aborted) {
+    for (;;) {
       try {
         await this.#openSession(this.#stop.signal);
-        this.#observer.connected();
-        return { kind: "acquire", queueOnly: false };
+        this.#ready.resolve();
+        return { kind: "acquire", queueOnly: false, marked: false };
       } catch (error) {
-        if (this.#stop.signal.aborted) return DONE;
-        if (!(await this.#pace(error))) return DONE;
+        if (this.#stopping || !(await this.#pace(error))) return DONE;
       }
     }
-    return DONE;
   }
 
-  async #acquirePhase(queueOnly: boolean, afterRelease: boolean): Promise<Phase> {
-    const { acquireMode } = this.#config;
-    let attempt = 0;
+  async #acquirePhase(phase: Extract<Phase, { kind: "acquire" }>): Promise<Phase> {
+    let { queueOnly, marked } = phase;
     try {
-      if (acquireMode === "poll") {
-        let first = !queueOnly;
-        for (;;) {
-          if (!first) {
-            const delay = this.#pollSeries.fail(undefined);
-            if (delay === null) {
-              this.#observer.error(
-                new PgLeaderLockError(
-                  `Gave up acquiring lock (${this.#config.key1}, ${this.#config.key2}) after ${this.#pollSeries.attempt} attempts: the retry strategy returned null`,
-                ),
-              );
-              return DONE;
-            }
-            this.#setState("follower");
-            await sleep(delay, [this.#stop.signal, this.#sessionLost]);
-            this.#throwIfLost();
-            if (this.#stop.signal.aborted) return DONE;
-          }
-          first = false;
-          this.#setState("acquiring");
-          const next = await this.#tryLockOnce(++attempt);
-          if (next) return next;
-        }
-      }
+      if (this.#config.acquireMode === "poll") return await this.#poll(queueOnly);
       this.#setState("acquiring");
       if (!queueOnly) {
-        const next = await this.#tryLockOnce(++attempt);
+        const next = await this.#attempt({ wait: false, marked: false });
         if (next) return next;
       }
-      // After a window passes, the grant can have raced the timeout (madelson/DistributedLock#147).
-      // With a leaderchange listener, one statement asks at once and reads the holder; without,
-      // the next wait statement asks first: one statement per window.
-      let askFirst = false;
       for (;;) {
-        const sentAt = this.#config.clock();
-        let result: Acquisition | typeof ABORTED;
-        try {
-          const marked = afterRelease;
-          afterRelease = false;
-          result = await this.#statement((s, p) =>
-            waitLock(s, p, ...this.#lockArgs(), askFirst, marked)
-          );
-        } catch (error) {
-          if (sqlState(error) !== LOCK_TIMEOUT_SQLSTATE) throw error;
-          this.#connectSeries.reset();
-          if (!this.#observer.wantsHolder()) {
-            askFirst = true;
-            this.#observer.acquireFailed(++attempt);
-            continue;
-          }
-          result = await this.#statement((s, p) => holdsWithToken(s, p, ...this.#lockArgs()));
-        }
-        askFirst = false;
-        if (result === ABORTED) return DONE;
-        this.#connectSeries.reset();
-        if (result.held) return await this.#becomeLeader(result, sentAt);
-        this.#failedAttempt(result, ++attempt);
+        const next = await this.#waitWindow(marked);
+        marked = false;
+        if (next) return next;
       }
     } catch (error) {
       return await this.#followerFailed(error);
     }
   }
 
-  /** One try-lock: the next phase when it took the lock (or was stopped), else `undefined`. */
-  async #tryLockOnce(attempt: number): Promise<Phase | undefined> {
-    const sentAt = this.#config.clock();
-    const result = await this.#statement((s, p) => tryLock(s, p, ...this.#lockArgs()));
-    if (result === ABORTED) return DONE;
-    this.#connectSeries.reset();
-    if (result.held) return await this.#becomeLeader(result, sentAt);
-    this.#failedAttempt(result, attempt);
-    return undefined;
+  /** Poll mode: try-lock, then the retry strategy's delay, as the Python library does. */
+  async #poll(queueOnly: boolean): Promise<Phase> {
+    for (let first = !queueOnly;; first = false) {
+      if (!first) {
+        const delay = this.#pollSeries.fail(undefined);
+        if (delay === null) {
+          this.#fatal = new PgLeaderLockError(
+            `Gave up acquiring lock (${this.#config.key1}, ${this.#config.key2}) after ${this.#pollSeries.attempt} attempts: the retry strategy returned null`,
+          );
+          this.#emitError(this.#fatal);
+          return DONE;
+        }
+        this.#setState("follower");
+        await sleep(delay, [this.#stop.signal, this.#sessionLost]);
+        this.#throwIfLost();
+        if (this.#stopping) return DONE;
+      }
+      this.#setState("acquiring");
+      const next = await this.#attempt({ wait: false, marked: false });
+      if (next) return next;
+    }
   }
 
-  #failedAttempt(result: Acquisition, attempt: number): void {
-    this.#observer.acquireFailed(attempt);
+  /** One wait window. After it passes, a `leaderchange` listener gets the holder (one try-lock). */
+  async #waitWindow(marked: boolean): Promise<Phase | undefined> {
+    try {
+      return await this.#attempt({ wait: true, marked });
+    } catch (error) {
+      if (sqlState(error) !== LOCK_TIMEOUT_SQLSTATE) throw error;
+      this.#connectSeries.reset();
+      if (this.watchHolder) return await this.#attempt({ wait: false, marked: false });
+      this.#emit(new AcquireFailedEvent(++this.#attempts));
+      return undefined;
+    }
+  }
+
+  /** One acquisition statement: the next phase when it took the lock (or was stopped). */
+  async #attempt(options: AcquireOptions): Promise<Phase | undefined> {
+    const sentAt = this.#clock();
+    const result = await this.#statement((s) => this.#statements.acquire(s, options));
+    if (result === ABORTED) return DONE;
+    this.#connectSeries.reset();
+    if (result.held) return await this.#becomeLeader(result, sentAt, false);
+    const events: Event[] = [new AcquireFailedEvent(++this.#attempts)];
     const now = result.holder;
     const before = this.#lastHolder;
     if (now && (now.pid !== before?.pid || now.identity !== before?.identity)) {
       this.#lastHolder = now;
-      this.#observer.leaderChange(now);
+      events.push(new LeaderChangeEvent(now.pid, now.identity));
     }
+    this.#emit(...events);
+    return undefined;
   }
 
-  async #becomeLeader(acquisition: Acquisition, sentAt: number): Promise<Phase> {
+  /**
+   * The one way to become leader, fresh or regained. A lock that was not handed over is held for
+   * `settleMs` before announcing: a holder whose backend was just killed learns it from its
+   * socket about when (sometimes after) this process learns of the grant, and must stop claiming
+   * first. The grant's short acknowledgement window is the lease until the first ownership check,
+   * sent as soon as the term starts, arms the full lease on the server.
+   */
+  async #becomeLeader(acquisition: Acquisition, sentAt: number, regained: boolean): Promise<Phase> {
     this.#pollSeries.reset();
     this.#lastHolder = undefined;
-    if (!(await this.#settle(acquisition))) return DONE; // closing the session releases the lock
-    this.#token = acquisition.token;
-    this.#lease.renew(sentAt);
-    this.#lastCheckSentAt = sentAt;
+    this.#lease.grant(sentAt, ackWindowMs(this.#config.leaseMs));
+    this.#acknowledged = false;
+    this.#lastCheckSentAt = -Infinity;
     this.#lastCheckRttMs = undefined;
+    if (!acquisition.handedOver && this.#config.settleMs > 0) {
+      const settledAt = this.#clock() + this.#config.settleMs;
+      // Acknowledge the grant while settling: the server arms the full lease.
+      if (!(await this.#acknowledge())) return DONE;
+      await sleep(settledAt - this.#clock(), [this.#stop.signal, this.#sessionLost]);
+      this.#throwIfLost();
+      if (this.#stopping) return DONE; // closing the session releases the lock
+    }
+    const token = acquisition.token!;
+    this.#token = token;
+    this.#attempts = 0;
     this.#stepDownRequested = new AbortController();
-    this.#setState("leader");
-    this.#observer.acquired(acquisition.token!, false);
-    this.#observer.renewed(acquisition.token!, this.#lease.deadline);
+    const term: Term = { token, controller: new AbortController(), timer: undefined };
+    this.#term = term;
+    this.#armTermTimer();
+    this.#setState("leader", [
+      new AcquiredEvent(token, regained, term.controller.signal),
+      new RenewedEvent(token, this.#lease.deadline),
+    ]);
     return { kind: "lead" };
   }
 
   /**
-   * Waits `settleMs` holding a lock that was not handed over. After a handover the previous holder
-   * stopped claiming before it sent its unlock; a holder whose session died instead (killed
-   * backend) hears of it from its socket, as late as this process hears of the grant or later, and
-   * needs the time to stop claiming before this one starts.
+   * The first ownership check of a term, before it is announced: re-arms the server-side lease
+   * over the grant's short window. `false` when stopping.
    *
-   * @returns `false` when asked to stop meanwhile. Throws SessionLost when the session ended.
+   * @throws {PgLeaderLockError} When the lock is not held after all, or no answer came within
+   * the grant's window (the caller closes the session, which frees the lock).
    */
-  async #settle(acquisition: Acquisition): Promise<boolean> {
-    if (this.#config.settleMs === 0 || acquisition.handedOver) return true;
-    await sleep(this.#config.settleMs, [this.#stop.signal, this.#sessionLost]);
-    this.#throwIfLost();
-    return !this.#stop.signal.aborted;
+  async #acknowledge(): Promise<boolean> {
+    const sentAt = this.#clock();
+    const held = await withDeadline(
+      this.#statement((s) => this.#statements.renew(s)),
+      this.#lease.remainingMs,
+    );
+    if (held === ABORTED) return false;
+    if (!held) throw new PgLeaderLockError("The lock was not held right after it was granted");
+    this.#lease.renew(sentAt);
+    this.#acknowledged = true;
+    this.#lastCheckSentAt = sentAt;
+    this.#lastCheckRttMs = this.#clock() - sentAt;
+    return true;
   }
 
   async #leadPhase(): Promise<Phase> {
-    const { healthIntervalMs, clock, key1, key2 } = this.#config;
+    const { healthIntervalMs } = this.#config;
     const session = this.#session!;
     for (;;) {
-      const wakeAt = Math.min(
-        this.#lastCheckSentAt + healthIntervalMs,
-        clock() + this.#lease.remainingMs,
-      );
-      await sleep(wakeAt - clock(), [
+      const dueAt = this.#acknowledged ? this.#lastCheckSentAt + healthIntervalMs : this.#clock();
+      const wakeAt = Math.min(dueAt, this.#clock() + this.#lease.remainingMs);
+      await sleep(wakeAt - this.#clock(), [
         this.#stop.signal,
         this.#sessionLost,
         this.#stepDownRequested.signal,
       ]);
       if (this.#sessionLost.aborted) return this.#lose("session-ended", this.#sessionError());
-      if (this.#stop.signal.aborted) return await this.#release(true);
-      if (this.#stepDownRequested.signal.aborted) return await this.#release(false);
+      if (this.#stopping || this.#stepDownRequested.signal.aborted) return await this.#release();
       if (!this.#lease.valid) return this.#lose("lease-expired", undefined);
-      if (clock() < this.#lastCheckSentAt + healthIntervalMs) continue;
-      const sentAt = clock();
+      if (this.#clock() < dueAt) continue;
+      const sentAt = this.#clock();
       let held: boolean;
       try {
-        held = await withDeadline(holds(session, key1, key2), this.#lease.remainingMs);
+        held = await withDeadline(this.#statements.renew(session), this.#lease.remainingMs);
       } catch (error) {
         if (this.#sessionLost.aborted) return this.#lose("session-ended", this.#sessionError());
         // The check's deadline is the lease's end: no answer by then is an expired lease.
@@ -418,25 +472,28 @@ export class Election {
       if (!held) return this.#lose("not-held", undefined);
       if (this.#state !== "leader") continue; // a release was asked for meanwhile
       this.#lease.renew(sentAt);
-      this.#observer.renewed(this.#token!, this.#lease.deadline);
+      this.#acknowledged = true;
       this.#lastCheckSentAt = sentAt;
-      this.#lastCheckRttMs = clock() - sentAt;
+      this.#lastCheckRttMs = this.#clock() - sentAt;
+      this.#armTermTimer();
+      this.#emit(new RenewedEvent(this.#token!, this.#lease.deadline));
     }
   }
 
-  async #release(shuttingDown: boolean): Promise<Phase> {
+  async #release(): Promise<Phase> {
     const token = this.#token!;
-    const { key1, key2, autoReacquire } = this.#config;
+    const { key1, key2 } = this.#config;
     this.#stopClaiming(); // already done by stop() or stepDown(), which led here
-    let outcome: Unlock;
+    let outcome;
     try {
-      outcome = await unlock(this.#session!, this.#protocol!, key1, key2);
+      outcome = await this.#statements.unlock(this.#session!);
     } catch (error) {
       // The session died under the unlock: the lock went with it.
       this.#destroySession();
-      this.#observer.lost("session-ended", token, error);
       this.#settleStepDown();
-      return shuttingDown || !autoReacquire ? DONE : CONNECT;
+      return this.#afterTerm(
+        new LostEvent("session-ended", token, asLockError(error, "The session ended")),
+      );
     }
     if (!outcome.unlocked || outcome.stillHeld) {
       const error = new LockError(
@@ -446,90 +503,121 @@ export class Election {
         { key1, key2 },
       );
       this.#destroySession();
-      this.#observer.error(error);
-      this.#observer.lost("not-held", token, error);
+      this.#emitError(error);
       this.#settleStepDown(error);
-      return shuttingDown || !autoReacquire ? DONE : CONNECT;
+      return this.#afterTerm(new LostEvent("not-held", token, error));
     }
-    if (shuttingDown) {
-      this.#observer.released(token);
+    this.#emit(new ReleasedEvent(token));
+    this.#settleStepDown();
+    const again = this.#competesAgain();
+    if (!again) {
       if (outcome.handedOver) await sleep(HANDOVER_LINGER_MS, []);
       return DONE;
     }
-    if (autoReacquire) this.#setState("follower");
-    this.#observer.released(token);
-    this.#settleStepDown();
-    if (!autoReacquire && outcome.handedOver) await sleep(HANDOVER_LINGER_MS, []);
     // Back into the queue behind any waiting follower, never a try-lock first: a try-lock right
     // after the unlock can win the lock back from a follower between two wait windows.
-    return autoReacquire ? { kind: "acquire", queueOnly: true, afterRelease: true } : DONE;
+    return { kind: "acquire", queueOnly: true, marked: true };
   }
 
   #lose(reason: LostReason, error: unknown): Phase {
     const token = this.#token!;
+    const lockError = error === undefined ? undefined : asLockError(error, "The session failed");
     this.#lease.revoke();
     // Close the socket so that no zombie session keeps the lock.
     this.#destroySession();
+    this.#endTerm(reason as TermEndReason, lockError);
     this.#settleStepDown();
-    const { reconnectGraceMs, autoReacquire, clock } = this.#config;
-    if (reconnectGraceMs !== undefined && reason !== "not-held") {
+    const { reconnectGraceMs } = this.#config;
+    if (
+      reconnectGraceMs !== undefined && reason !== "not-held" && this.#state === "leader" &&
+      !this.#stopping
+    ) {
       this.#setState("reconnecting");
-      return { kind: "reconnect", token, reason, error, deadline: clock() + reconnectGraceMs };
+      return {
+        kind: "reconnect",
+        token,
+        reason,
+        error: lockError,
+        deadline: this.#clock() + reconnectGraceMs,
+      };
     }
-    this.#setState(autoReacquire ? "follower" : "stopped");
-    this.#observer.lost(reason, token, error);
-    return autoReacquire ? CONNECT : DONE;
+    return this.#afterTerm(new LostEvent(reason, token, lockError));
   }
 
   async #reconnectPhase(phase: Extract<Phase, { kind: "reconnect" }>): Promise<Phase> {
-    const { clock, autoReacquire } = this.#config;
-    const giveUp = (reason: LostReason): Phase => {
-      this.#destroySession();
-      this.#setState(autoReacquire && !this.#stop.signal.aborted ? "follower" : "stopped");
-      this.#observer.lost(reason, phase.token, phase.error);
-      return autoReacquire ? CONNECT : DONE;
-    };
-    while (clock() < phase.deadline && !this.#stop.signal.aborted) {
-      const remaining = phase.deadline - clock();
+    while (this.#clock() < phase.deadline && !this.#stopping) {
+      const remaining = phase.deadline - this.#clock();
       try {
         await this.#openSession(
           AbortSignal.any([this.#stop.signal, AbortSignal.timeout(Math.max(1, remaining))]),
         );
-        const sentAt = clock();
-        const result = await this.#statement((s, p) => tryLock(s, p, ...this.#lockArgs()));
+        const sentAt = this.#clock();
+        const result = await this.#statement((s) =>
+          this.#statements.acquire(s, { wait: false, marked: false })
+        );
         if (result === ABORTED) break;
         this.#connectSeries.reset();
-        if (!result.held) {
-          this.#setState(autoReacquire ? "acquiring" : "stopped");
-          this.#observer.lost("taken", phase.token, phase.error);
-          return autoReacquire ? { kind: "acquire", queueOnly: true } : DONE;
-        }
-        // Someone may have held the lock since this session was lost, and lost it in turn.
-        if (!(await this.#settle(result))) break;
-        this.#token = result.token!;
-        this.#lease.renew(sentAt);
-        this.#lastCheckSentAt = sentAt;
-        this.#stepDownRequested = new AbortController();
-        this.#setState("leader");
-        this.#observer.acquired(result.token!, true);
-        this.#observer.renewed(result.token!, this.#lease.deadline);
-        return { kind: "lead" };
+        if (result.held) return await this.#becomeLeader(result, sentAt, true);
+        const next = this.#afterTerm(new LostEvent("taken", phase.token, phase.error), "acquiring");
+        return next === CONNECT ? { kind: "acquire", queueOnly: true, marked: false } : next;
       } catch (error) {
         this.#destroySession();
-        if (this.#stop.signal.aborted) break;
-        this.#observer.error(toConnectionError(error, this.#config.target, 0));
+        if (this.#stopping) break;
+        this.#emitError(this.#connectionFailure(error));
         const delay = this.#connectSeries.fail(error);
-        if (delay === null) return giveUp("grace-expired");
-        await sleep(Math.min(delay, phase.deadline - clock()), [this.#stop.signal]);
+        if (delay === null) break;
+        await sleep(Math.min(delay, phase.deadline - this.#clock()), [this.#stop.signal]);
       }
     }
-    return giveUp(this.#stop.signal.aborted ? phase.reason : "grace-expired");
+    this.#destroySession();
+    const reason = this.#stopping ? phase.reason : "grace-expired";
+    return this.#afterTerm(new LostEvent(reason, phase.token, phase.error));
   }
 
   // --- helpers ----------------------------------------------------------------------------
 
-  #lockArgs(): [number, number, number] {
-    return [this.#config.key1, this.#config.key2, this.#config.leaseMs];
+  /** Whether to compete again after a term ended: autoReacquire, and not stopping. */
+  #competesAgain(): boolean {
+    return this.#config.autoReacquire && !this.#stopping;
+  }
+
+  /**
+   * After a term ended without a release: follower (and connect again) or stopped, then the event
+   * that says why. The one place that decides whether the election goes on.
+   */
+  #afterTerm(event: LostEvent, competing: LockState = "follower"): Phase {
+    const again = this.#competesAgain();
+    this.#setState(again ? competing : "stopped", [event]);
+    return again ? CONNECT : DONE;
+  }
+
+  /** A leader asked to release stops counting itself leader at once: the unlock follows. */
+  #stopClaiming(): void {
+    if (this.#state !== "leader") return;
+    this.#lease.revoke();
+    this.#setState("releasing");
+    this.#endTerm("released", undefined);
+  }
+
+  /** Aborts the current term's signal with why it ended. */
+  #endTerm(reason: TermEndReason, cause: PgLeaderLockError | undefined): void {
+    const term = this.#term;
+    if (!term) return;
+    this.#term = undefined;
+    clearTimeout(term.timer);
+    term.controller.abort(
+      new LeadershipEndedError(reason, term.token, cause ? { cause } : undefined),
+    );
+  }
+
+  /** Ends the term at the client's lease deadline even if nothing else happens by then. */
+  #armTermTimer(): void {
+    const term = this.#term;
+    if (!term) return;
+    clearTimeout(term.timer);
+    term.timer = setTimeout(() => {
+      if (this.#term === term && !this.#lease.valid) this.#endTerm("lease-expired", undefined);
+    }, Math.min(this.#lease.remainingMs + 1, 2_147_483_647));
   }
 
   /**
@@ -537,15 +625,15 @@ export class Election {
    * (a waiting lock statement cannot be taken back otherwise) and ABORTED is returned.
    */
   async #statement<T>(
-    run: (session: LockSession, protocol: ProtocolSession) => Promise<T>,
+    run: (session: StatementRunner) => Promise<T>,
   ): Promise<T | typeof ABORTED> {
     const session = this.#session;
     if (!session || session.isEnded) throw new SessionLost(this.#sessionError());
     let result: T | typeof ABORTED;
     try {
-      result = await untilAborted(run(session, this.#protocol!), this.#stop.signal);
+      result = await untilAborted(run(session), this.#stop.signal);
     } catch (error) {
-      if (this.#stop.signal.aborted) return ABORTED;
+      if (this.#stopping) return ABORTED;
       throw session.isEnded ? new SessionLost(error) : error;
     }
     if (result === ABORTED) this.#destroySession();
@@ -554,21 +642,42 @@ export class Election {
 
   async #openSession(signal: AbortSignal): Promise<void> {
     await this.#closeSession(false);
-    const session = await this.#config.connect(signal);
+    const { connector, settings } = this.#config;
+    const session = await connector.connect(signal, settings);
     try {
-      const protocol = await untilAborted(setUp(session, this.#config.settings), signal);
-      if (protocol === ABORTED) throw signal.reason;
+      const facts = await untilAborted(this.#statements.setUp(session, settings), signal);
+      if (facts === ABORTED) throw signal.reason;
+      this.#refuseUnfit(facts);
       const lost = new AbortController();
       session.ended.then((error) => {
         this.#lastSessionError = error;
         lost.abort();
       });
       this.#session = session;
-      this.#protocol = protocol;
+      this.#facts = facts;
       this.#sessionLost = lost.signal;
     } catch (error) {
       session.destroy();
       throw error;
+    }
+  }
+
+  /** A server that cannot hold a leader is a permanent error, at once. */
+  #refuseUnfit(facts: SessionFacts): void {
+    const { target } = this.#config.connector;
+    if (facts.serverVersion < MIN_SERVER_VERSION) {
+      throw new ConnectionError(
+        `PostgreSQL ${
+          Math.floor(facts.serverVersion / 10000)
+        } at ${target} is not supported: pgleaderlock needs PostgreSQL 14 or newer (idle_session_timeout bounds a leader's lease)`,
+        { permanent: true },
+      );
+    }
+    if (facts.readOnly) {
+      throw new ConnectionError(
+        `Cannot elect a leader on ${target}: the server is a standby or read-only, where no leader can take a fencing token. Connect to the primary: list the cluster's hosts with target_session_attrs=read-write in the DSN`,
+        { permanent: true },
+      );
     }
   }
 
@@ -595,8 +704,10 @@ export class Election {
   /** A follower's session failed: report unless it simply ended, then reconnect (paced). */
   async #followerFailed(error: unknown): Promise<Phase> {
     this.#destroySession();
-    if (this.#stop.signal.aborted) return DONE;
-    if (!(error instanceof SessionLost)) this.#observer.error(error);
+    if (this.#stopping) return DONE;
+    if (!(error instanceof SessionLost)) {
+      this.#emitError(asLockError(error, "A statement of the lock protocol failed"));
+    }
     this.#setState("follower");
     // The first failure after a working session reconnects at once; repeated ones are paced.
     if (this.#connectSeries.attempt === 0) {
@@ -608,24 +719,40 @@ export class Election {
 
   /** Reports a failed connection and waits the retry delay. False when giving up. */
   async #pace(error: unknown): Promise<boolean> {
-    const permanent = isPermanentPgError(error);
-    const delay = permanent ? null : this.#connectSeries.fail(error);
+    const failure = this.#connectionFailure(error);
+    const delay = failure.permanent ? null : this.#connectSeries.fail(error);
     const attempts = this.#connectSeries.attempt;
     if (delay === null) {
-      const reason = permanent ? "" : ` (gave up after ${attempts} attempts)`;
-      const failure = toConnectionError(error, this.#config.target, attempts, reason);
-      this.#observer.error(failure);
-      this.#fatal = failure;
+      this.#fatal = failure.permanent ? failure : new ConnectionError(
+        `${failure.message} (gave up after ${attempts} attempts)`,
+        { cause: failure.cause, code: failure.code, attempts },
+      );
+      this.#emitError(this.#fatal);
       return false;
     }
-    this.#observer.error(toConnectionError(error, this.#config.target, attempts));
+    this.#emitError(
+      new ConnectionError(failure.message, {
+        cause: failure.cause,
+        code: failure.code,
+        attempts,
+      }),
+      delay,
+    );
     await sleep(delay, [this.#stop.signal]);
-    return !this.#stop.signal.aborted;
+    return !this.#stopping;
   }
 
-  /** The error that stopped the election, if connecting was what failed. */
-  get fatalError(): ConnectionError | undefined {
-    return this.#fatal;
+  /** Any failure to open or set up a session, as a ConnectionError. */
+  #connectionFailure(error: unknown): ConnectionError {
+    if (error instanceof ConnectionError) return error;
+    const detail = error instanceof Error ? error.message : String(error);
+    const code = sqlState(error);
+    return new ConnectionError(
+      `Cannot set up a session on ${this.#config.connector.target}: ${detail}${
+        code ? ` (SQLSTATE ${code})` : ""
+      }`,
+      { cause: error, code },
+    );
   }
 
   #settleStepDown(error?: unknown): void {
@@ -636,30 +763,62 @@ export class Election {
     else pending.resolve();
   }
 
-  #setState(to: LockState): void {
+  /**
+   * The only way the state changes: refuses a transition that is not in the table, then emits
+   * the `statechange` event followed by `then` (the events that belong to the transition).
+   */
+  #setState(to: LockState, then: readonly Event[] = []): void {
     const from = this.#state;
-    if (from === to) return;
+    if (from === to) {
+      this.#emit(...then);
+      return;
+    }
+    if (!canTransition(from, to)) {
+      throw new Error(`Invalid state transition ${from} -> ${to}`);
+    }
     this.#state = to;
-    this.#observer.state(from, to);
+    this.#emit(new StateChangeEvent(from, to), ...then);
   }
-}
 
-/**
- * Wraps a driver error as a {@linkcode ConnectionError} whose message names the target and the
- * server's reason, never a password.
- */
-function toConnectionError(
-  error: unknown,
-  target: string,
-  attempts: number,
-  suffix = "",
-): ConnectionError {
-  if (error instanceof ConnectionError) return error;
-  const code = sqlState(error);
-  const permanent = isPermanentPgError(error);
-  const detail = error instanceof Error ? error.message : String(error);
-  const message = `Cannot connect to ${target}: ${detail}${
-    code ? ` (SQLSTATE ${code})` : ""
-  }${suffix}`;
-  return new ConnectionError(message, { cause: error, code, permanent, attempts });
+  #emitError(error: PgLeaderLockError, retryInMs?: number): void {
+    this.#emit(new LeaderLockErrorEvent(error, retryInMs));
+  }
+
+  /**
+   * Dispatches events in order. A listener that causes events (a `stepDown()` inside a
+   * `statechange` listener) has them queued behind the ones already due, so `acquired` always
+   * precedes the end of its own term.
+   */
+  #emit(...events: Event[]): void {
+    this.#queue.push(...events);
+    if (this.#draining) return;
+    this.#draining = true;
+    try {
+      for (let event = this.#queue.shift(); event; event = this.#queue.shift()) {
+        this.#dispatch(event);
+      }
+    } finally {
+      this.#draining = false;
+    }
+  }
+
+  async #within(work: Promise<void>, timeoutMs: number, what: string): Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = Symbol("timeout");
+    try {
+      const outcome = await Promise.race([
+        work,
+        new Promise<typeof timedOut>((resolve) => {
+          timer = setTimeout(() => resolve(timedOut), timeoutMs);
+        }),
+      ]);
+      if (outcome !== timedOut) return;
+    } finally {
+      clearTimeout(timer);
+    }
+    this.#destroySession();
+    throw new ShutdownError(`LeaderLock.${what}() did not finish within ${timeoutMs} ms`, {
+      timeoutMs,
+    });
+  }
 }

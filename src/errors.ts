@@ -89,3 +89,68 @@ export class ShutdownError extends PgLeaderLockError {
     this.timeoutMs = options.timeoutMs;
   }
 }
+
+/** Why a term ended: one of the {@linkcode LostReason}s, or `"released"` for a voluntary release. */
+export type TermEndReason =
+  /** `stepDown()`, `shutdown()`, the lock's `signal`, or `await using` released the lock. */
+  | "released"
+  /** The database session ended (backend killed, server restarted, network error). */
+  | "session-ended"
+  /** An ownership check found that this session no longer holds the lock. */
+  | "not-held"
+  /** No ownership check succeeded within the lease. */
+  | "lease-expired";
+
+/**
+ * The reason of an aborted term signal (`AcquiredEvent.signal`, `term.signal`): the term is over,
+ * and work started for it must stop. Its {@linkcode fencingToken} is the ended term's token.
+ */
+export class LeadershipEndedError extends PgLeaderLockError {
+  /** Why the term ended. */
+  readonly reason: TermEndReason;
+  /** The fencing token of the term that ended. */
+  readonly fencingToken: bigint;
+
+  /**
+   * Creates the error.
+   *
+   * @param reason Why the term ended.
+   * @param fencingToken The ended term's token.
+   * @param options The underlying `cause`, if any.
+   */
+  constructor(reason: TermEndReason, fencingToken: bigint, options?: ErrorOptions) {
+    super(`Leadership ended (${reason}) for the term with fencing token ${fencingToken}`, options);
+    this.name = "LeadershipEndedError";
+    this.reason = reason;
+    this.fencingToken = fencingToken;
+  }
+}
+
+/**
+ * The SQLSTATE of a server error, if `error` is one (or wraps one as its `cause`).
+ *
+ * @param error Any error.
+ * @returns The five-character code, or `undefined`.
+ */
+export function sqlState(error: unknown): string | undefined {
+  for (let e = error, depth = 0; e !== undefined && e !== null && depth < 4; depth++) {
+    const code = (e as { code?: unknown }).code;
+    if (typeof code === "string" && /^[0-9A-Z]{5}$/.test(code)) return code;
+    e = (e as { cause?: unknown }).cause;
+  }
+  return undefined;
+}
+
+/**
+ * Wraps anything thrown below the library as a {@linkcode PgLeaderLockError} (kept as its
+ * `cause`), so that every error on an event is one.
+ *
+ * @param error The error.
+ * @param message The message to use when `error` is not a PgLeaderLockError already.
+ * @returns `error` itself, or a PgLeaderLockError caused by it.
+ */
+export function asLockError(error: unknown, message: string): PgLeaderLockError {
+  if (error instanceof PgLeaderLockError) return error;
+  const detail = error instanceof Error ? error.message : error === undefined ? "" : String(error);
+  return new PgLeaderLockError(detail ? `${message}: ${detail}` : message, { cause: error });
+}

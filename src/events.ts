@@ -3,6 +3,7 @@
  *
  * @module
  */
+import type { PgLeaderLockError } from "./errors.ts";
 import type { LockState } from "./state.ts";
 
 /** Why leadership ended without the holder choosing to give it up. */
@@ -18,27 +19,39 @@ export type LostReason =
   /** During a reconnect grace period another session was found holding the lock. */
   | "taken";
 
-/** Dispatched when this process becomes the leader. */
+/**
+ * Dispatched when this process becomes the leader: a new term begins. Every term has its own
+ * fencing token and its own {@linkcode signal}.
+ */
 export class AcquiredEvent extends Event {
   /** The fencing token of this term: greater than every token issued before it. */
   readonly fencingToken: bigint;
   /**
-   * `true` when leadership was regained inside the reconnect grace period without a
-   * `lost` event: the term is new (new token) but listeners that start work may keep
-   * the work they already run.
+   * `true` when leadership was regained inside the reconnect grace period without a `lost`
+   * event. It is still a new term (new token, new signal): the previous term's signal aborted
+   * when its session was lost.
    */
   readonly regained: boolean;
+  /**
+   * Aborted the moment this term ends, for any reason: session lost, lease deadline (a timer fires
+   * at it), `stepDown()`/`shutdown()` (before the unlock is sent), or a health check that found the
+   * lock gone. Its `reason` is a {@linkcode LeadershipEndedError}. Pass it to the work this term
+   * runs.
+   */
+  readonly signal: AbortSignal;
 
   /**
    * Creates the event.
    *
    * @param fencingToken The token of the new term.
    * @param regained Whether this term follows a reconnect within the grace period.
+   * @param signal The term's signal.
    */
-  constructor(fencingToken: bigint, regained = false) {
+  constructor(fencingToken: bigint, regained: boolean, signal: AbortSignal) {
     super("acquired");
     this.fencingToken = fencingToken;
     this.regained = regained;
+    this.signal = signal;
   }
 }
 
@@ -64,8 +77,8 @@ export class LostEvent extends Event {
   readonly reason: LostReason;
   /** The fencing token of the term that ended. */
   readonly fencingToken: bigint;
-  /** The error behind the loss, if there was one. */
-  readonly error: unknown;
+  /** The error behind the loss, if there was one (the driver's error is its `cause`). */
+  readonly error: PgLeaderLockError | undefined;
 
   /**
    * Creates the event.
@@ -74,7 +87,7 @@ export class LostEvent extends Event {
    * @param fencingToken The token of the term that ended.
    * @param error The error behind the loss, if any.
    */
-  constructor(reason: LostReason, fencingToken: bigint, error?: unknown) {
+  constructor(reason: LostReason, fencingToken: bigint, error?: PgLeaderLockError) {
     super("lost");
     this.reason = reason;
     this.fencingToken = fencingToken;
@@ -148,20 +161,26 @@ export class StateChangeEvent extends Event {
 
 /**
  * Dispatched for a failure that did not stop the lock by itself (a failed connection attempt, a
- * listener that threw) and for the one that did (retries exhausted). Never thrown.
+ * listener that threw, a retry strategy that returned nonsense) and for the one that did (retries
+ * exhausted, a configuration that cannot work). Never thrown. An `ErrorEvent`, so that generic
+ * error handlers read its `message`.
  */
-export class LeaderLockErrorEvent extends Event {
-  /** The error. */
-  readonly error: unknown;
+export class LeaderLockErrorEvent extends ErrorEvent {
+  /** The error: always a PgLeaderLockError (anything from below is its `cause`). */
+  override readonly error: PgLeaderLockError;
+  /** When the lock retries after this failure, in ms from now; `undefined` when it does not. */
+  readonly retryInMs: number | undefined;
 
   /**
    * Creates the event.
    *
    * @param error The error.
+   * @param retryInMs When the lock retries, if it does.
    */
-  constructor(error: unknown) {
-    super("error");
+  constructor(error: PgLeaderLockError, retryInMs?: number) {
+    super("error", { message: error.message, error });
     this.error = error;
+    this.retryInMs = retryInMs;
   }
 }
 

@@ -51,6 +51,18 @@ export class Lease {
     this.#deadline = Math.max(this.#deadline, sentAt + this.#leaseMs - this.#marginMs);
   }
 
+  /**
+   * Starts a term's lease with a shorter length than the lease: the window in which a fresh grant
+   * must be acknowledged (the server ends the session after `windowMs` of silence until then).
+   *
+   * @param sentAt When the acquiring statement was sent, on the lease's clock.
+   * @param windowMs The window's length, at most the lease.
+   */
+  grant(sentAt: number, windowMs: number): void {
+    const length = Math.min(windowMs, this.#leaseMs);
+    this.#deadline = sentAt + length - leaseMarginMs(length);
+  }
+
   /** The moment (on the lease's clock) the lease runs out unless renewed; -Infinity when revoked. */
   get deadline(): number {
     return this.#deadline;

@@ -9,8 +9,12 @@
 import pg from "pg";
 import type { ConnectionParams, DsnHost } from "./dsn.ts";
 import type { LockSession, Row } from "./session.ts";
-import { ConnectionError } from "./errors.ts";
+import type { Statement } from "./protocol.ts";
+import { ConnectionError, sqlState } from "./errors.ts";
 import { assertSessionPinned } from "./pooler.ts";
+import { isNotFoundError, isPermissionError, readTextFile } from "./_runtime.ts";
+
+export { sqlState };
 
 /**
  * The part of an npm:pg `Client` this library uses: what a custom `connect` function returns.
@@ -34,6 +38,7 @@ interface PgClientConfig {
   password?: string;
   database?: string;
   options?: string;
+  application_name?: string;
   ssl: false | Record<string, unknown>;
   connectionTimeoutMillis: number;
   keepAlive: boolean;
@@ -88,7 +93,8 @@ export class PgSession implements LockSession {
   }
 
   /** See {@linkcode LockSession.query}. */
-  async query(text: string, values: readonly unknown[] = []): Promise<Row[]> {
+  async query(statement: string | Statement, values: readonly unknown[] = []): Promise<Row[]> {
+    const text = typeof statement === "string" ? statement : statement.text;
     const result = await this.#client.query(text, values as unknown[]);
     return result.rows as Row[];
   }
@@ -131,6 +137,34 @@ function isQueryable(client: PgClient): boolean {
   return c._queryable !== false && !c._ending && !c._ended;
 }
 
+/** Options of {@linkcode connectPg}. */
+export interface ConnectPgOptions {
+  /** Aborts connecting; the half-open connection is destroyed. */
+  readonly signal: AbortSignal;
+  /** The TCP keepalive delay to ask the client for. */
+  readonly keepAliveDelayMs: number;
+  /**
+   * Session settings sent in the startup packet after the DSN's own `options`, so that they win
+   * over it and over role, database and system settings. `application_name` is sent as itself.
+   *
+   * @default {{}}
+   */
+  readonly settings?: Readonly<Record<string, string>>;
+  /**
+   * Names of settings the server refused as unknown: left out of later startup packets. Filled in
+   * by the call (a server older than a setting refuses the connection; it is retried without it).
+   *
+   * @default {a new set}
+   */
+  readonly unknownSettings?: Set<string>;
+}
+
+/** What the startup packet carries besides the DSN. */
+interface Startup {
+  readonly settings: Readonly<Record<string, string>>;
+  readonly unknown: Set<string>;
+}
+
 /**
  * Connects one npm:pg client to the first host of `params` that accepts it and matches
  * `targetSessionAttrs`, trying the hosts in order as libpq does.
@@ -141,15 +175,19 @@ function isQueryable(client: PgClient): boolean {
  */
 export async function connectPg(
   params: ConnectionParams,
-  options: { signal: AbortSignal; keepAliveDelayMs: number },
+  options: ConnectPgOptions,
 ): Promise<PgSession> {
   const { signal, keepAliveDelayMs } = options;
+  const startup = {
+    settings: options.settings ?? {},
+    unknown: options.unknownSettings ?? new Set<string>(),
+  };
   let lastError: unknown = new Error("No host to connect to");
   for (const host of params.hosts) {
     signal.throwIfAborted();
     let session: PgSession;
     try {
-      session = await connectOne(params, host, signal, keepAliveDelayMs);
+      session = await connectOne(params, host, signal, keepAliveDelayMs, startup);
     } catch (error) {
       if (signal.aborted) throw signal.reason;
       if (isPermanentPgError(error)) throw error;
@@ -157,7 +195,7 @@ export async function connectPg(
       continue;
     }
     if (await matchesTarget(session, params.targetSessionAttrs, signal)) {
-      await verifyPinned(session, params, host, signal, keepAliveDelayMs);
+      await verifyPinned(session, params, host, signal, keepAliveDelayMs, startup);
       return session;
     }
     session.destroy();
@@ -181,6 +219,7 @@ async function verifyPinned(
   host: DsnHost,
   signal: AbortSignal,
   keepAliveDelayMs: number,
+  startup: Startup,
 ): Promise<void> {
   const onAbort = () => session.destroy();
   signal.addEventListener("abort", onAbort, { once: true });
@@ -190,7 +229,7 @@ async function verifyPinned(
       dialedPort: host.port,
       unixSocket: host.host.startsWith("/"),
       localPort: session.localPort,
-      openProbe: () => connectOne(params, host, signal, keepAliveDelayMs),
+      openProbe: () => connectOne(params, host, signal, keepAliveDelayMs, startup),
     });
   } catch (error) {
     session.destroy();
@@ -206,14 +245,61 @@ async function connectOne(
   host: DsnHost,
   signal: AbortSignal,
   keepAliveDelayMs: number,
+  startup: Startup,
 ): Promise<PgSession> {
+  for (;;) {
+    try {
+      return await connectOnce(params, host, signal, keepAliveDelayMs, startup);
+    } catch (error) {
+      // An older server refuses a setting it does not know (transaction_timeout before 17):
+      // connect again without it.
+      const unknown = unknownSetting(error);
+      if (unknown === undefined || !(unknown in startup.settings) || startup.unknown.has(unknown)) {
+        throw error;
+      }
+      startup.unknown.add(unknown);
+    }
+  }
+}
+
+/** The setting a server refused in the startup packet as unknown, if that is what `error` says. */
+function unknownSetting(error: unknown): string | undefined {
+  if (sqlState(error) !== "42704") return undefined;
+  const match = /unrecognized configuration parameter "([^"]+)"/.exec(
+    error instanceof Error ? error.message : "",
+  );
+  return match?.[1];
+}
+
+/**
+ * The startup packet's `options`: the DSN's own first, then ours (`-c name=value`, spaces and
+ * backslashes escaped), which PostgreSQL applies in order, so ours win.
+ */
+function startupOptions(params: ConnectionParams, startup: Startup): string | undefined {
+  const ours = Object.entries(startup.settings)
+    .filter(([name]) => name !== "application_name" && !startup.unknown.has(name))
+    .map(([name, value]) => `-c ${name}=${value.replace(/([\\ ])/g, "\\$1")}`);
+  const all = [...(params.options !== undefined ? [params.options] : []), ...ours];
+  return all.length > 0 ? all.join(" ") : undefined;
+}
+
+async function connectOnce(
+  params: ConnectionParams,
+  host: DsnHost,
+  signal: AbortSignal,
+  keepAliveDelayMs: number,
+  startup: Startup,
+): Promise<PgSession> {
+  const options = startupOptions(params, startup);
+  const applicationName = startup.settings.application_name;
   const client = new Client({
     host: host.host,
     port: host.port,
     ...(params.user !== undefined ? { user: params.user } : {}),
     ...(params.password !== undefined ? { password: params.password } : {}),
     ...(params.database !== undefined ? { database: params.database } : {}),
-    ...(params.options !== undefined ? { options: params.options } : {}),
+    ...(options !== undefined ? { options } : {}),
+    ...(applicationName !== undefined ? { application_name: applicationName } : {}),
     ssl: sslConfig(params, host),
     connectionTimeoutMillis: params.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS,
     keepAlive: !host.host.startsWith("/"),
@@ -291,7 +377,7 @@ function sslConfig(params: ConnectionParams, host: DsnHost): PgClientConfig["ssl
         return { rejectUnauthorized: false, ...clientCert(params) };
       }
       return {
-        ca: Deno.readTextFileSync(params.sslrootcert),
+        ca: readCertFile("sslrootcert", params.sslrootcert),
         checkServerIdentity: () => undefined,
         ...clientCert(params),
       };
@@ -310,14 +396,33 @@ function rootCert(params: ConnectionParams): { ca?: string; rejectUnauthorized: 
   // "system" (libpq 16+) means the system's trusted roots: Deno's default store.
   return params.sslrootcert === undefined || params.sslrootcert === "system"
     ? { rejectUnauthorized: true }
-    : { ca: Deno.readTextFileSync(params.sslrootcert), rejectUnauthorized: true };
+    : { ca: readCertFile("sslrootcert", params.sslrootcert), rejectUnauthorized: true };
 }
 
 function clientCert(params: ConnectionParams): { cert?: string; key?: string } {
   return {
-    ...(params.sslcert !== undefined ? { cert: Deno.readTextFileSync(params.sslcert) } : {}),
-    ...(params.sslkey !== undefined ? { key: Deno.readTextFileSync(params.sslkey) } : {}),
+    ...(params.sslcert !== undefined ? { cert: readCertFile("sslcert", params.sslcert) } : {}),
+    ...(params.sslkey !== undefined ? { key: readCertFile("sslkey", params.sslkey) } : {}),
   };
+}
+
+/** Reads a certificate or key file the DSN names; a file that cannot be read is permanent. */
+function readCertFile(keyword: string, path: string): string {
+  try {
+    return readTextFile(path);
+  } catch (error) {
+    const why = isNotFoundError(error)
+      ? "no such file"
+      : isPermissionError(error)
+      ? "permission denied"
+      : error instanceof Error
+      ? error.message
+      : String(error);
+    throw new ConnectionError(`Cannot read the ${keyword} file ${path} (${why})`, {
+      cause: error,
+      permanent: true,
+    });
+  }
 }
 
 /** SQLSTATE classes that retrying the same connection cannot fix. */
@@ -339,26 +444,13 @@ const PERMANENT_SQLSTATES = new Set([
 export function isPermanentPgError(error: unknown): boolean {
   if (error instanceof ConnectionError) return error.permanent;
   // Deno refused the connection for lack of permission: retrying cannot grant it.
-  if (error instanceof Deno.errors.NotCapable || error instanceof Deno.errors.PermissionDenied) {
-    return true;
-  }
+  if (isPermissionError(error)) return true;
   const code = sqlState(error);
   if (code !== undefined && PERMANENT_SQLSTATES.has(code)) return true;
   const message = error instanceof Error ? error.message : "";
   return /certificate|self[- ]signed|does not support SSL|SASL|password must be a string/i.test(
     message,
   );
-}
-
-/**
- * The SQLSTATE of a server error, if `error` is one.
- *
- * @param error Any error.
- * @returns The five-character code, or `undefined`.
- */
-export function sqlState(error: unknown): string | undefined {
-  const code = (error as { code?: unknown } | null)?.code;
-  return typeof code === "string" && /^[0-9A-Z]{5}$/.test(code) ? code : undefined;
 }
 
 /**

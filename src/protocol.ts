@@ -1,28 +1,41 @@
 /**
- * Every SQL statement and session setting of the lock protocol, in one place.
+ * Every SQL statement and session setting of the lock protocol, in one place, written out whole.
  *
- * The lock is PostgreSQL's session-level advisory lock in its two-int4 form. In pg_locks it
- * shows as locktype 'advisory', classid = key1 as an unsigned oid, objid = key2, objsubid = 2.
+ * The lock is PostgreSQL's session-level advisory lock in its two-int4 form. In pg_locks it shows
+ * as locktype 'advisory', classid = key1 as an unsigned oid, objid = key2, objsubid = 2.
+ *
+ * Hardening (what no role, database, system setting or DSN option can change):
+ * - Every function, view and type is schema-qualified (`pg_catalog.`) and every parameter carries
+ *   an explicit type, so overload resolution cannot pick a user-defined function (a
+ *   `public.pg_try_advisory_lock(text, text)` would otherwise win for untyped parameters).
+ * - Operators are written plainly: they resolve through `search_path`, which the session pins to
+ *   `pg_catalog, pg_temp` before any statement of the protocol runs (in the startup packet; for a
+ *   custom `connect` function, by {@linkcode SET_UP}, whose own operators are qualified).
+ * - Every setting the protocol depends on is pinned per session ({@linkcode sessionSettings}),
+ *   in the startup packet where the connector can, which outranks role, database and system
+ *   settings and the DSN's own `options`.
  *
  * @module
  */
-import { ConnectionError } from "./errors.ts";
-import type { LockSession } from "./session.ts";
 
-/** PostgreSQL 14 added `idle_session_timeout` and `client_connection_check_interval`. */
-const PG14 = 140000;
-/** PostgreSQL 13 added pg_current_xact_id(), which the fencing token needs. */
-const PG13 = 130000;
-
-/** What the protocol needs to know about the session it runs on. */
-export interface ProtocolSession {
-  /** `server_version_num`, e.g. 150018. */
-  readonly serverVersion: number;
-  /** The backend pid. */
-  readonly backendPid: number;
+/** A statement of the protocol: a name (for logs and test fakes) and its SQL text. */
+export interface Statement {
+  /** The statement's name, such as `"try_lock"`. */
+  readonly name: string;
+  /** The SQL text, with typed `$n` parameters. */
+  readonly text: string;
 }
 
-/** Per-session settings the lock session asks for, all settable by a plain role. */
+/** The oldest supported server: `idle_session_timeout` (the lease) is PostgreSQL 14+. */
+export const MIN_SERVER_VERSION = 140000;
+
+/** How long a new holder has to acknowledge a grant before the server ends its session. */
+export const MAX_ACK_WINDOW_MS = 2000;
+
+/** The longest duration timers and PostgreSQL's millisecond settings accept: 2^31 - 1 ms. */
+export const MAX_DURATION_MS = 2_147_483_647;
+
+/** Per-session settings the lock session pins, all settable by a plain role. */
 export interface SessionSettingsInput {
   /** Shown in pg_stat_activity as application_name: the identity of this candidate. */
   readonly identity: string;
@@ -33,25 +46,37 @@ export interface SessionSettingsInput {
 }
 
 /**
- * The settings applied when a session starts. The lease itself (`idle_session_timeout`) is set in
- * the statement that takes the lock and cleared in the one that releases it, so only a leader's
- * session carries it.
+ * The settings every lock session runs under, from its first statement on. Besides the ones that
+ * shape the protocol (wait window, keepalives), each neutralises a setting that a role, database
+ * or system could use to stop or weaken the session: timeouts that would end it, read-only or
+ * serializable defaults, and a synchronous commit level that would make the token's write wait
+ * for an absent standby. `idle_session_timeout` stays 0 here: only a leader's session carries the
+ * lease, armed by the statement that takes the lock.
  *
  * @param input Identity, wait window and lease.
- * @returns Setting name -> value. Settings the server does not know are skipped by {@linkcode setUp}.
+ * @returns Setting name -> value.
  */
 export function sessionSettings(input: SessionSettingsInput): Record<string, string> {
   const { identity, waitWindowMs, leaseMs } = input;
   const leaseS = Math.max(1, Math.floor(leaseMs / 1000));
-  // Keepalive probes: first after a third of the lease, then every second, so a silent peer
-  // is dropped within the lease even where idle_session_timeout does not exist (PG <= 13).
+  // Keepalive probes: first after a third of the lease, then every second, so a silent peer is
+  // dropped within the lease.
   const idleS = Math.max(1, Math.floor(leaseS / 3));
   const count = Math.max(1, leaseS - idleS);
   return {
     application_name: identity,
-    lock_timeout: `${Math.round(waitWindowMs)}ms`,
+    search_path: "pg_catalog, pg_temp",
     statement_timeout: "0",
+    lock_timeout: `${Math.round(waitWindowMs)}ms`,
+    idle_session_timeout: "0",
     idle_in_transaction_session_timeout: `${Math.round(leaseMs)}ms`,
+    // PostgreSQL 17+; dropped by the connector on older servers.
+    transaction_timeout: "0",
+    default_transaction_read_only: "off",
+    default_transaction_isolation: "read committed",
+    default_transaction_deferrable: "off",
+    // The token's write is flushed locally and never waits for a standby.
+    synchronous_commit: "local",
     // A follower that dies while waiting in the lock queue is removed from it within this.
     client_connection_check_interval: `${
       Math.min(1000, Math.max(100, Math.round(leaseMs / 10)))
@@ -64,52 +89,246 @@ export function sessionSettings(input: SessionSettingsInput): Record<string, str
 }
 
 /**
- * Applies `settings` (skipping any the server does not have) and reads the server version and
- * backend pid, in one round trip.
+ * How long a fresh grant stays valid without an acknowledgement: the statement that takes the
+ * lock arms `idle_session_timeout` with this, and the new leader's first ownership check (sent
+ * right after the grant) re-arms it with the full lease. A waiter granted the lock while
+ * partitioned or frozen never acknowledges, and the server frees the lock after this long instead
+ * of after the lease.
  *
- * @param session The new session.
- * @param settings The settings from {@linkcode sessionSettings}.
- * @returns The server version and backend pid.
+ * @param leaseMs The lease.
+ * @returns At most {@linkcode MAX_ACK_WINDOW_MS}, and at most a third of the lease.
  */
-export async function setUp(
-  session: LockSession,
-  settings: Record<string, string>,
-): Promise<ProtocolSession> {
-  const [row] = await session.query(
-    `SELECT current_setting('server_version_num')::int AS version, pg_backend_pid() AS pid,
-            (SELECT count(set_config(s.name, v.value, false))
-               FROM json_each_text($1::json) v JOIN pg_settings s ON s.name = v.key)::int AS applied`,
-    [JSON.stringify(settings)],
-  );
-  const serverVersion = Number(row?.version ?? 0);
-  if (serverVersion < PG13) {
-    throw new ConnectionError(
-      `PostgreSQL ${Math.floor(serverVersion / 10000)} is not supported: pgleaderlock needs ` +
-        `PostgreSQL 13 or newer (pg_current_xact_id()), and 14 or newer for the server-side lease`,
-      { permanent: true },
-    );
-  }
-  return { serverVersion, backendPid: Number(row?.pid ?? 0) };
+export function ackWindowMs(leaseMs: number): number {
+  return Math.max(1, Math.min(MAX_ACK_WINDOW_MS, Math.floor(leaseMs / 3)));
 }
 
-/**
- * The fencing token, taken in the statement that takes the lock: the server's timeline in the
- * high bits and the transaction id (xid8, strictly increasing across the cluster) in the low 40.
- * The timeline grows when a standby is promoted, so tokens stay increasing across a failover even
- * though the new primary may hand out xids the old one had already used. Assumes fewer than 2^40
- * transactions per timeline.
- */
-const TOKEN = `CASE WHEN set_config('synchronous_commit', 'on', true) IS NOT NULL
-     AND pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
-   THEN (((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) << 40)
-     | pg_current_xact_id()::text::bigint)::text END`;
+// --- the statements ------------------------------------------------------------------------
+// $1 = key1, $2 = key2 and $3 = the server-side lease to arm wherever they appear.
 
-/** "This backend holds (key1, key2)": the ownership proof used by health checks and after timeouts. */
-const HOLDS = `EXISTS (SELECT 1 FROM pg_locks
-   WHERE locktype = 'advisory'
-     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-     AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2
-     AND mode = 'ExclusiveLock' AND granted AND pid = pg_backend_pid())`;
+/**
+ * The first statement of every session: applies the settings (`$1`, a JSON object; settings the
+ * server does not know are skipped) and reads the server version, the backend pid and whether the
+ * server can take writes. Fully qualified, operators included: it may run before `search_path` is
+ * pinned (custom `connect` functions).
+ */
+export const SET_UP: Statement = {
+  name: "set_up",
+  text: `SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS version,
+       pg_catalog.pg_backend_pid() AS pid,
+       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
+          FROM pg_catalog.json_each_text($1::pg_catalog.json) v
+          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
+         AS applied,
+       pg_catalog.pg_is_in_recovery() AS standby,
+       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only`,
+};
+
+/**
+ * Tries the lock once without waiting (a session that holds it already, after a grant raced the
+ * timeout of a wait window, finds it held instead of taking it twice). When taken, the same statement takes the fencing token,
+ * arms the acknowledgement window and looks for a handover; when not, it reads who holds the lock.
+ * The outer columns are evaluated after the subquery's row, that is after the grant.
+ *
+ * The fencing token: the server's timeline in the high bits and the transaction id (xid8, strictly
+ * increasing across the cluster) in the low 40. The timeline grows when a standby is promoted, so
+ * tokens keep increasing across a failover. The logical message makes the transaction's commit
+ * (and so the xid) durable, flushed locally (`synchronous_commit = local`).
+ *
+ * A handover: a session of this role began a voluntary release of this lock (the comment of
+ * {@linkcode UNLOCK}) at most 50 ms before the grant. Only sessions of the same role count: a
+ * session of another role could fake the comment.
+ */
+export const TRY_LOCK: Statement = {
+  name: "try_lock",
+  text: `SELECT s.ok,
+       CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
+       CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
+         THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
+               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+       END AS token,
+       CASE WHEN s.ok THEN EXISTS (
+         SELECT 1 FROM pg_catalog.pg_stat_activity a
+          WHERE a.pid <> pg_catalog.pg_backend_pid()
+            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname = pg_catalog.current_database())
+            AND a.usename = pg_catalog.session_user()
+            AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
+                  || $1::pg_catalog.int4::pg_catalog.text || ' '
+                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
+            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+       END AS handed_over,
+       CASE WHEN s.ok
+         THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
+       END AS lease,
+       h.pid AS holder_pid, h.application_name AS holder_identity
+  FROM (SELECT CASE
+          WHEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_locks l
+             WHERE l.locktype = 'advisory'
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname = pg_catalog.current_database())
+               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+          THEN true
+          ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
+        END AS ok) s
+  LEFT JOIN LATERAL (
+    SELECT l.pid, a.application_name
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+     WHERE NOT s.ok AND l.locktype = 'advisory'
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname = pg_catalog.current_database())
+       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid = 2 AND l.granted
+     LIMIT 1) h ON true`,
+};
+
+/**
+ * Waits in PostgreSQL's lock queue for at most the session's `lock_timeout` (one wait window):
+ * rejects with SQLSTATE 55P03 when the window passes. When granted, it does what
+ * {@linkcode TRY_LOCK} does. Because a grant can race the timeout, the statement first asks
+ * whether this session already holds the lock (CASE keeps the order: a session must never take
+ * the lock twice), so the next window's statement finds such a grant
+ * (madelson/DistributedLock#147).
+ *
+ * Never put a client-side timeout on this statement: the server would keep waiting and could
+ * grant the lock to a session the client believes holds nothing.
+ */
+export const WAIT_LOCK: Statement = {
+  name: "wait_lock",
+  text: `SELECT s.ok,
+       CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
+       CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
+         THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
+               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+       END AS token,
+       CASE WHEN s.ok THEN EXISTS (
+         SELECT 1 FROM pg_catalog.pg_stat_activity a
+          WHERE a.pid <> pg_catalog.pg_backend_pid()
+            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname = pg_catalog.current_database())
+            AND a.usename = pg_catalog.session_user()
+            AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
+                  || $1::pg_catalog.int4::pg_catalog.text || ' '
+                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
+            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+       END AS handed_over,
+       CASE WHEN s.ok
+         THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
+       END AS lease,
+       h.pid AS holder_pid, h.application_name AS holder_identity
+  FROM (SELECT CASE
+          WHEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_locks l
+             WHERE l.locktype = 'advisory'
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname = pg_catalog.current_database())
+               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+          THEN true
+          ELSE pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) IS NOT NULL
+        END AS ok) s
+  LEFT JOIN LATERAL (
+    SELECT l.pid, a.application_name
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+     WHERE NOT s.ok AND l.locktype = 'advisory'
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname = pg_catalog.current_database())
+       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid = 2 AND l.granted
+     LIMIT 1) h ON true`,
+};
+
+/**
+ * The leader's ownership check: whether this session still holds the lock, re-arming the
+ * server-side lease (`$3`) in the same round trip. The first one after a grant is the
+ * acknowledgement that replaces the short grant window with the full lease.
+ */
+export const RENEW: Statement = {
+  name: "renew",
+  text: `SELECT EXISTS (
+         SELECT 1 FROM pg_catalog.pg_locks l
+          WHERE l.locktype = 'advisory'
+            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname = pg_catalog.current_database())
+            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid()) AS held,
+       pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease`,
+};
+
+/**
+ * Unlocks, disarms the lease and verifies, in one round trip. It is sent prefixed with the release
+ * comment `/* pgleaderlock release <key1> <key2> *\/` (see {@linkcode LockStatements}): a session
+ * of the same role granted the lock meanwhile sees it in pg_stat_activity and knows the previous
+ * holder let go on purpose (its caller stops counting itself leader before it sends this).
+ */
+export const UNLOCK: Statement = {
+  name: "unlock",
+  text: `SELECT s.ok,
+       EXISTS (
+         SELECT 1 FROM pg_catalog.pg_locks l
+          WHERE l.locktype = 'advisory'
+            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname = pg_catalog.current_database())
+            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid()) AS still_held,
+       pg_catalog.set_config('idle_session_timeout', '0', false) AS lease,
+       EXISTS (
+         SELECT 1 FROM pg_catalog.pg_locks l
+          WHERE l.locktype = 'advisory'
+            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname = pg_catalog.current_database())
+            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid = 2 AND l.granted AND l.pid <> pg_catalog.pg_backend_pid())
+         AS handed_over
+  FROM (SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, $2::pg_catalog.int4) AS ok) s`,
+};
+
+/** SQLSTATE of lock_not_available: the wait window passed. */
+export const LOCK_TIMEOUT_SQLSTATE = "55P03";
+
+/**
+ * The comment that starts the release statement of (key1, key2), and the first wait statement
+ * after a step-down. pg_stat_activity shows it as the releasing session's query while the
+ * statement runs and until its next one, to sessions of the same role (and to members of
+ * pg_read_all_stats, which the handover check ignores unless they share the role).
+ *
+ * @param key1 First key.
+ * @param key2 Second key.
+ * @returns The comment.
+ */
+export function releaseMarker(key1: number, key2: number): string {
+  if (!Number.isSafeInteger(key1) || !Number.isSafeInteger(key2)) {
+    throw new RangeError(`Cannot mark a release as the keys must be integers: ${key1}, ${key2}`);
+  }
+  return `/* pgleaderlock release ${key1} ${key2} */`;
+}
+
+// --- binding --------------------------------------------------------------------------------
+
+/** One row of a result, keyed by column name. */
+export type Row = Record<string, unknown>;
+
+/** What a statement runs on: the driver boundary's `LockSession` satisfies it. */
+export interface StatementRunner {
+  /**
+   * Runs one statement.
+   *
+   * @param statement The statement (its name is for logs and fakes).
+   * @param values Its parameters.
+   * @returns The rows.
+   */
+  query(statement: Statement, values: readonly unknown[]): Promise<Row[]>;
+}
 
 /** Who holds the lock, as far as this session's role may see. */
 export interface Holder {
@@ -127,211 +346,11 @@ export interface Acquisition {
   readonly token: bigint | undefined;
   /** When not held: the session that holds it (undefined if it was released meanwhile). */
   readonly holder: Holder | undefined;
-  /**
-   * When held: whether another session of this database began a voluntary release of this lock
-   * ({@linkcode unlock}) at most {@linkcode HANDOVER_WINDOW_MS} before the grant. Such a holder
-   * had stopped counting itself leader before it sent the unlock.
-   */
+  /** When held: whether the previous holder, of this role, released it on purpose just before. */
   readonly handedOver: boolean;
 }
 
-/**
- * How recent a voluntary release must be for a new holder to count its grant as a handover
- * (see {@linkcode Acquisition.handedOver}). The releasing session replaces its release statement
- * within one round trip (it queues again or disconnects), and the new holder looks microseconds
- * after the grant: the window only has to absorb a slow wake-up of the new holder's backend.
- */
-export const HANDOVER_WINDOW_MS = 50;
-
-/**
- * The comment that starts the release statement of (key1, key2). pg_stat_activity shows it as
- * the releasing session's query while the statement runs and until its next one, to sessions of
- * the same role (and to members of pg_read_all_stats).
- */
-export function releaseMarker(key1: number, key2: number): string {
-  if (!Number.isSafeInteger(key1) || !Number.isSafeInteger(key2)) {
-    throw new RangeError(`Cannot mark a release as the keys must be integers: ${key1}, ${key2}`);
-  }
-  return `/* pgleaderlock release ${key1} ${key2} */`;
-}
-
-/** SQL for releaseMarker($1, $2). */
-const RELEASE_MARKER_SQL =
-  `'/* pgleaderlock release ' || $1::int4::text || ' ' || $2::int4::text || ' */'`;
-
-/**
- * "A voluntary release of (key1 = $1, key2 = $2) began moments ago": evaluated right after a
- * grant, it tells a handover from a holder whose session died (killed backend, dead client).
- */
-const HANDED_OVER = `EXISTS (SELECT 1 FROM pg_stat_activity a
-   WHERE a.pid <> pg_backend_pid()
-     AND a.datid = (SELECT oid FROM pg_database WHERE datname = current_database())
-     AND starts_with(a.query, ${RELEASE_MARKER_SQL})
-     AND a.query_start >= clock_timestamp() - interval '${HANDOVER_WINDOW_MS} milliseconds')`;
-
-/** The granted lock (key1 = $1, key2 = $2) in pg_locks, as `l`. */
-const LOCK_ROW = `pg_locks l
-   WHERE l.locktype = 'advisory'
-     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-     AND l.classid = $1::int4::oid AND l.objid = $2::int4::oid AND l.objsubid = 2 AND l.granted`;
-
-/** Holder columns, read in the same statement as a failed attempt: no extra round trip. */
-function holderColumns(whenNot: string): string {
-  return `, CASE WHEN NOT ${whenNot} THEN (SELECT l.pid FROM ${LOCK_ROW} LIMIT 1) END AS holder_pid,
-    CASE WHEN NOT ${whenNot} THEN (SELECT a.application_name FROM ${
-    LOCK_ROW.replace(
-      "pg_locks l",
-      "pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid",
-    )
-  } LIMIT 1) END AS holder_identity`;
-}
-
-function leaseSetting(p: ProtocolSession, when: string): string {
-  return p.serverVersion >= PG14
-    ? `, CASE WHEN ${when} THEN set_config('idle_session_timeout', $3, false) END AS lease`
-    : "";
-}
-
-function leaseParams(p: ProtocolSession, leaseMs: number): string[] {
-  return p.serverVersion >= PG14 ? [`${Math.round(leaseMs)}ms`] : [];
-}
-
-function toAcquisition(row: Record<string, unknown> | undefined, heldColumn: string): Acquisition {
-  const held = row?.[heldColumn] === true;
-  const token = held && typeof row?.token === "string" ? BigInt(row.token) : undefined;
-  const pid = row?.holder_pid;
-  const identity = row?.holder_identity;
-  const holder = typeof pid === "number"
-    ? { pid, identity: typeof identity === "string" ? identity : undefined }
-    : undefined;
-  return {
-    held: held && token !== undefined,
-    token,
-    holder,
-    handedOver: held && row?.handed_over === true,
-  };
-}
-
-/**
- * One acquisition statement: `okSource` decides whether this session holds the lock; only then does
- * the same statement take the fencing token, arm the lease and look for a handover. When not held, it reads who holds the lock (for `leaderchange`) at no extra round
- * trip. The outer columns are evaluated after the subquery's row, that is after the grant.
- */
-async function acquisition(
-  session: LockSession,
-  p: ProtocolSession,
-  keys: readonly [key1: number, key2: number],
-  leaseMs: number,
-  okSource: string,
-  prefix = "",
-): Promise<Acquisition> {
-  const [row] = await session.query(
-    `${prefix}SELECT ok, CASE WHEN ok THEN ${TOKEN} END AS token,
-            CASE WHEN ok THEN ${HANDED_OVER} END AS handed_over${leaseSetting(p, "ok")}${
-      holderColumns("ok")
-    }
-       FROM (SELECT ${okSource} AS ok) s`,
-    [...keys, ...leaseParams(p, leaseMs)],
-  );
-  return toAcquisition(row, "ok");
-}
-
-/**
- * One non-blocking attempt (`pg_try_advisory_lock`).
- *
- * @param session The session.
- * @param p What the protocol knows of the session.
- * @param key1 First key.
- * @param key2 Second key.
- * @param leaseMs The lease.
- * @returns Whether the lock was taken, the token, and otherwise who holds it.
- */
-export function tryLock(
-  session: LockSession,
-  p: ProtocolSession,
-  key1: number,
-  key2: number,
-  leaseMs: number,
-): Promise<Acquisition> {
-  return acquisition(session, p, [key1, key2], leaseMs, "pg_try_advisory_lock($1, $2)");
-}
-
-/**
- * Waits in PostgreSQL's lock queue for at most the session's `lock_timeout` (one wait window).
- * Rejects with SQLSTATE 55P03 when the window passes; callers must then ask
- * {@linkcode holdsWithToken}, because the grant can race the timeout.
- *
- * Never put a client-side timeout on this statement: the server would keep waiting and could
- * grant the lock to a session the client believes holds nothing.
- *
- * @param session The session.
- * @param p What the protocol knows of the session.
- * @param key1 First key.
- * @param key2 Second key.
- * @param leaseMs The lease.
- * @param askFirst Whether to ask first if the session holds the lock already (after a timeout).
- * @param markRelease Whether to start the statement with {@linkcode releaseMarker}: the first wait
- *   after a step-down keeps the release visible in pg_stat_activity while the new holder looks.
- * @returns The acquisition (always held when it resolves).
- */
-export function waitLock(
-  session: LockSession,
-  p: ProtocolSession,
-  key1: number,
-  key2: number,
-  leaseMs: number,
-  askFirst = false,
-  markRelease = false,
-): Promise<Acquisition> {
-  // pg_advisory_lock returns void, which IS NOT NULL once granted. With askFirst, a lock granted
-  // in the race with the previous window's timeout is found before waiting again (CASE keeps the
-  // order: a session must never lock twice).
-  const wait = "pg_advisory_lock($1, $2) IS NOT NULL";
-  return acquisition(
-    session,
-    p,
-    [key1, key2],
-    leaseMs,
-    askFirst ? `CASE WHEN ${HOLDS} THEN true ELSE ${wait} END` : wait,
-    markRelease ? `${releaseMarker(key1, key2)} ` : "",
-  );
-}
-
-/**
- * Whether this session holds the lock after all (after a lock_timeout error); if it does, takes a
- * token and arms the lease in the same statement.
- *
- * @param session The session.
- * @param p What the protocol knows of the session.
- * @param key1 First key.
- * @param key2 Second key.
- * @param leaseMs The lease.
- * @returns The acquisition.
- */
-export function holdsWithToken(
-  session: LockSession,
-  p: ProtocolSession,
-  key1: number,
-  key2: number,
-  leaseMs: number,
-): Promise<Acquisition> {
-  return acquisition(session, p, [key1, key2], leaseMs, HOLDS);
-}
-
-/**
- * The leader's health check: whether this session still holds the lock.
- *
- * @param session The session.
- * @param key1 First key.
- * @param key2 Second key.
- * @returns `true` when held.
- */
-export async function holds(session: LockSession, key1: number, key2: number): Promise<boolean> {
-  const [row] = await session.query(`SELECT ${HOLDS} AS held`, [key1, key2]);
-  return row?.held === true;
-}
-
-/** The outcome of {@linkcode unlock}. */
+/** The outcome of {@linkcode LockStatements.unlock}. */
 export interface Unlock {
   /** What `pg_advisory_unlock` returned. */
   readonly unlocked: boolean;
@@ -341,131 +360,118 @@ export interface Unlock {
   readonly handedOver: boolean;
 }
 
-/**
- * Unlocks, disarms the lease and verifies in one round trip. The statement starts with
- * {@linkcode releaseMarker}: a session granted the lock meanwhile sees it in pg_stat_activity and
- * knows the previous holder let go on purpose (its caller stops counting itself leader before it
- * sends this).
- *
- * @param session The session.
- * @param p What the protocol knows of the session.
- * @param key1 First key.
- * @param key2 Second key.
- * @returns What the unlock returned and whether the lock is still held.
- */
-export async function unlock(
-  session: LockSession,
-  p: ProtocolSession,
-  key1: number,
-  key2: number,
-): Promise<Unlock> {
-  const disarm = p.serverVersion >= PG14
-    ? ", set_config('idle_session_timeout', '0', false) AS lease"
-    : "";
-  const [row] = await session.query(
-    `${releaseMarker(key1, key2)} SELECT ok, ${HOLDS} AS still_held${disarm},
-            EXISTS (SELECT 1 FROM ${LOCK_ROW} AND l.pid <> pg_backend_pid()) AS handed_over
-       FROM (SELECT pg_advisory_unlock($1, $2) AS ok) s`,
-    [key1, key2],
-  );
-  return {
-    unlocked: row?.ok === true,
-    stillHeld: row?.still_held === true,
-    handedOver: row?.handed_over === true,
-  };
+/** What {@linkcode LockStatements.setUp} learns of a session. */
+export interface SessionFacts {
+  /** `server_version_num`, e.g. 150018. */
+  readonly serverVersion: number;
+  /** The backend pid. */
+  readonly backendPid: number;
+  /** Whether the server is a standby or read-only, where no leader can take a token. */
+  readonly readOnly: boolean;
 }
 
-/** SQLSTATE of lock_not_available: the wait window passed. */
-export const LOCK_TIMEOUT_SQLSTATE = "55P03";
-
-/** One advisory lock as pg_locks shows it: its holder and the sessions waiting for it. */
-export interface AdvisoryLockInfo {
-  /** `"int4pair"` for `pg_advisory_lock(key1, key2)`, `"bigint"` for `pg_advisory_lock(key)`. */
-  readonly form: "int4pair" | "bigint";
-  /** First key (for the bigint form: its high 32 bits). */
-  readonly key1: number;
-  /** Second key (for the bigint form: its low 32 bits, unsigned). */
-  readonly key2: number;
-  /** The session holding the lock, if any holds it. */
-  readonly holder: SessionInfo | undefined;
-  /** The sessions waiting for it, longest-waiting first. */
-  readonly waiters: readonly SessionInfo[];
-}
-
-/** What pg_stat_activity shows of a session. Fields another role may not see are `undefined`. */
-export interface SessionInfo {
-  /** Backend pid. */
-  readonly pid: number;
-  /** application_name: a pgleaderlock candidate's identity. */
-  readonly identity: string | undefined;
-  /** The session's role. */
-  readonly user: string | undefined;
-  /** The client's address (undefined for unix sockets and for other roles' sessions). */
-  readonly clientAddr: string | undefined;
-  /** When the session started (PostgreSQL does not record when an advisory lock was granted). */
-  readonly sessionStartedAt: Date | undefined;
-  /** For a waiter: since when it waits (PostgreSQL 14+). */
-  readonly waitingSince: Date | undefined;
+/** Options of {@linkcode LockStatements.acquire}. */
+export interface AcquireOptions {
+  /** Wait in the lock queue for one window (else try once). */
+  readonly wait: boolean;
+  /** Prefix the statement with the release comment (the first wait after a step-down). */
+  readonly marked: boolean;
 }
 
 /**
- * Lists the advisory locks of the current database (or only (key1, key2)), with holders and
- * waiters, as far as the session's role may see.
- *
- * @param session The session.
- * @param keys Only this lock, if given.
- * @returns One entry per lock, ordered by key.
+ * The protocol's statements bound to one lock (key1, key2) and its lease: what the election calls.
+ * Each method runs one statement, whole as written above, in one round trip.
  */
-export async function listAdvisoryLocks(
-  session: LockSession,
-  keys?: { readonly key1: number; readonly key2: number },
-): Promise<AdvisoryLockInfo[]> {
-  // to_jsonb(l) reads waitstart where it exists (PostgreSQL 14+) without naming the column.
-  const rows = await session.query(
-    `SELECT l.classid::bigint::text AS classid, l.objid::bigint::text AS objid, l.objsubid,
-            l.granted, l.pid, a.application_name, a.usename, host(a.client_addr) AS client_addr,
-            a.backend_start, to_jsonb(l) ->> 'waitstart' AS waitstart
-       FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-      WHERE l.locktype = 'advisory'
-        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-        AND ($1::int4 IS NULL
-             OR (l.classid = $1::int4::oid AND l.objid = $2::int4::oid AND l.objsubid = 2))
-      ORDER BY l.objsubid, l.classid, l.objid, l.granted DESC, 10 NULLS FIRST`,
-    [keys?.key1 ?? null, keys?.key2 ?? null],
-  );
-  const byKey = new Map<string, {
-    form: "int4pair" | "bigint";
-    key1: number;
-    key2: number;
-    holder: SessionInfo | undefined;
-    waiters: SessionInfo[];
-  }>();
-  for (const row of rows) {
-    const classid = Number(row.classid);
-    const objid = Number(row.objid);
-    const form = Number(row.objsubid) === 2 ? "int4pair" : "bigint";
-    const key1 = classid > 0x7fffffff ? classid - 0x100000000 : classid;
-    const key2 = form === "int4pair" && objid > 0x7fffffff ? objid - 0x100000000 : objid;
-    const id = `${form}:${key1}:${key2}`;
-    let entry = byKey.get(id);
-    if (!entry) {
-      entry = { form, key1, key2, holder: undefined, waiters: [] };
-      byKey.set(id, entry);
-    }
-    const info: SessionInfo = {
-      pid: Number(row.pid),
-      identity: optionalString(row.application_name),
-      user: optionalString(row.usename),
-      clientAddr: optionalString(row.client_addr),
-      sessionStartedAt: row.backend_start instanceof Date ? row.backend_start : undefined,
-      waitingSince: typeof row.waitstart === "string" ? new Date(row.waitstart) : undefined,
-    };
-    if (row.granted === true) entry.holder = info;
-    else entry.waiters.push(info);
+export class LockStatements {
+  readonly #keys: readonly [number, number];
+  readonly #lease: string;
+  readonly #ackWindow: string;
+  readonly #marker: string;
+
+  /**
+   * Binds the statements to a lock.
+   *
+   * @param key1 First key.
+   * @param key2 Second key.
+   * @param leaseMs The lease the server arms for a leader.
+   */
+  constructor(key1: number, key2: number, leaseMs: number) {
+    this.#keys = [key1, key2];
+    this.#lease = `${Math.round(leaseMs)}ms`;
+    this.#ackWindow = `${ackWindowMs(leaseMs)}ms`;
+    this.#marker = releaseMarker(key1, key2);
   }
-  return [...byKey.values()];
-}
 
-function optionalString(value: unknown): string | undefined {
-  return typeof value === "string" && value !== "" ? value : undefined;
+  /**
+   * Applies `settings` and learns what the protocol needs of the session.
+   *
+   * @param runner The session.
+   * @param settings From {@linkcode sessionSettings}.
+   * @returns The server version, backend pid and whether the server takes writes.
+   */
+  async setUp(runner: StatementRunner, settings: Record<string, string>): Promise<SessionFacts> {
+    const [row] = await runner.query(SET_UP, [JSON.stringify(settings)]);
+    return {
+      serverVersion: Number(row?.version ?? 0),
+      backendPid: Number(row?.pid ?? 0),
+      readOnly: row?.standby === true || row?.read_only === true,
+    };
+  }
+
+  /**
+   * Takes the lock: one try ({@linkcode TRY_LOCK}) or one wait window ({@linkcode WAIT_LOCK},
+   * which rejects with SQLSTATE 55P03 when the window passes).
+   *
+   * @param runner The session.
+   * @param options Whether to wait, and whether to carry the release comment.
+   * @returns The acquisition.
+   */
+  async acquire(runner: StatementRunner, options: AcquireOptions): Promise<Acquisition> {
+    const statement = options.wait ? WAIT_LOCK : TRY_LOCK;
+    const marked = options.marked
+      ? { name: statement.name, text: `${this.#marker} ${statement.text}` }
+      : statement;
+    const [row] = await runner.query(marked, [...this.#keys, this.#ackWindow]);
+    const held = row?.ok === true;
+    const token = held && typeof row?.token === "string" ? BigInt(row.token) : undefined;
+    const pid = row?.holder_pid;
+    const identity = row?.holder_identity;
+    return {
+      held: held && token !== undefined,
+      token,
+      holder: typeof pid === "number"
+        ? { pid, identity: typeof identity === "string" ? identity : undefined }
+        : undefined,
+      handedOver: held && row?.handed_over === true,
+    };
+  }
+
+  /**
+   * The ownership check ({@linkcode RENEW}), re-arming the server-side lease.
+   *
+   * @param runner The session.
+   * @returns `true` when this session still holds the lock.
+   */
+  async renew(runner: StatementRunner): Promise<boolean> {
+    const [row] = await runner.query(RENEW, [...this.#keys, this.#lease]);
+    return row?.held === true;
+  }
+
+  /**
+   * Unlocks ({@linkcode UNLOCK}, prefixed with the release comment) and verifies.
+   *
+   * @param runner The session.
+   * @returns What the unlock returned and whether the lock is still held.
+   */
+  async unlock(runner: StatementRunner): Promise<Unlock> {
+    const [row] = await runner.query(
+      { name: UNLOCK.name, text: `${this.#marker} ${UNLOCK.text}` },
+      this.#keys,
+    );
+    return {
+      unlocked: row?.ok === true,
+      stillHeld: row?.still_held === true,
+      handedOver: row?.handed_over === true,
+    };
+  }
 }

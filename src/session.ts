@@ -5,8 +5,9 @@
  * @module
  */
 
-/** One row of a result, keyed by column name. */
-export type Row = Record<string, unknown>;
+import type { Row, Statement } from "./protocol.ts";
+
+export type { Row };
 
 /** One dedicated database session (never a pooled connection: advisory locks are per session). */
 export interface LockSession {
@@ -17,13 +18,14 @@ export interface LockSession {
   /** Settles once, when the session ends for any reason, with the error that ended it (if any). Never rejects. */
   readonly ended: Promise<unknown>;
   /**
-   * Runs one statement and returns its rows.
+   * Runs one statement and returns its rows. Rejects with the driver's error (its SQLSTATE in
+   * `code`).
    *
-   * @param text The SQL, with `$n` placeholders.
+   * @param statement The SQL with `$n` placeholders, or a named statement of the protocol.
    * @param values The parameters.
    * @returns The rows.
    */
-  query(text: string, values?: readonly unknown[]): Promise<Row[]>;
+  query(statement: string | Statement, values?: readonly unknown[]): Promise<Row[]>;
   /**
    * Ends the session politely (the server releases its locks), destroying it if that takes longer
    * than `timeoutMs`.
@@ -36,7 +38,12 @@ export interface LockSession {
 }
 
 /**
- * Opens a new session. Rejects with the driver's error when connecting fails, or with
- * `signal.reason` when `signal` aborts first (the half-open connection is destroyed).
+ * Opens a new session under `settings` (session-level settings, pinned in the startup packet
+ * where the driver can). Rejects with `signal.reason` when `signal` aborts first (the half-open
+ * connection is destroyed), else with a {@linkcode ConnectionError} whose `permanent` says
+ * whether retrying can help (the driver's error is its `cause`).
  */
-export type SessionConnector = (signal: AbortSignal) => Promise<LockSession>;
+export type SessionConnector = (
+  signal: AbortSignal,
+  settings?: Readonly<Record<string, string>>,
+) => Promise<LockSession>;

@@ -5,9 +5,8 @@
  * @module
  */
 import { type ConnectionOptions, makeConnector } from "./connector.ts";
-import { type AdvisoryLockInfo, listAdvisoryLocks } from "./protocol.ts";
-
-export type { AdvisoryLockInfo, SessionInfo } from "./protocol.ts";
+import type { Statement } from "./protocol.ts";
+import type { LockSession } from "./session.ts";
 
 /** Options of {@linkcode inspectLocks}. */
 export interface InspectLocksOptions extends ConnectionOptions {
@@ -49,9 +48,13 @@ export async function inspectLocks(options: InspectLocksOptions = {}): Promise<A
       );
     }
   }
-  const { connect } = makeConnector(options, "Cannot inspect locks", 1000);
+  const { connect } = makeConnector(options, "Cannot inspect locks", { keepAliveDelayMs: 1000 });
   signal.throwIfAborted();
-  const session = await connect(signal);
+  // The search_path pin matters here too: LIST_LOCKS uses plain operators.
+  const session = await connect(signal, {
+    search_path: "pg_catalog, pg_temp",
+    statement_timeout: "0",
+  });
   const onAbort = () => session.destroy();
   signal.addEventListener("abort", onAbort, { once: true });
   try {
@@ -101,4 +104,106 @@ export async function whoLeads(options: WhoLeadsOptions): Promise<AdvisoryLockIn
     holder: undefined,
     waiters: [],
   };
+}
+
+/**
+ * The advisory locks of the current database (or only ($1, $2)) with their holders and waiters.
+ * Qualified like the lock protocol's statements; `to_jsonb(l)` reads `waitstart` where it exists
+ * (PostgreSQL 14+) without naming the column.
+ */
+export const LIST_LOCKS: Statement = {
+  name: "list_locks",
+  text: `SELECT l.classid::pg_catalog.int8::pg_catalog.text AS classid,
+       l.objid::pg_catalog.int8::pg_catalog.text AS objid, l.objsubid, l.granted, l.pid,
+       a.application_name, a.usename, pg_catalog.host(a.client_addr) AS client_addr,
+       a.backend_start, pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart' AS waitstart
+  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory'
+   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname = pg_catalog.current_database())
+   AND ($1::pg_catalog.int4 IS NULL
+        OR (l.classid = $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid AND l.objsubid = 2))
+ ORDER BY l.objsubid, l.classid, l.objid, l.granted DESC, 10 NULLS FIRST`,
+};
+
+/** One advisory lock as pg_locks shows it: its holder and the sessions waiting for it. */
+export interface AdvisoryLockInfo {
+  /** `"int4pair"` for `pg_advisory_lock(key1, key2)`, `"bigint"` for `pg_advisory_lock(key)`. */
+  readonly form: "int4pair" | "bigint";
+  /** First key (for the bigint form: its high 32 bits). */
+  readonly key1: number;
+  /** Second key (for the bigint form: its low 32 bits, unsigned). */
+  readonly key2: number;
+  /** The session holding the lock, if any holds it. */
+  readonly holder: SessionInfo | undefined;
+  /** The sessions waiting for it, longest-waiting first. */
+  readonly waiters: readonly SessionInfo[];
+}
+
+/** What pg_stat_activity shows of a session. Fields another role may not see are `undefined`. */
+export interface SessionInfo {
+  /** Backend pid. */
+  readonly pid: number;
+  /** application_name: a pgleaderlock candidate's identity. */
+  readonly identity: string | undefined;
+  /** The session's role. */
+  readonly user: string | undefined;
+  /** The client's address (undefined for unix sockets and for other roles' sessions). */
+  readonly clientAddr: string | undefined;
+  /** When the session started (PostgreSQL does not record when an advisory lock was granted). */
+  readonly sessionStartedAt: Date | undefined;
+  /** For a waiter: since when it waits (PostgreSQL 14+). */
+  readonly waitingSince: Date | undefined;
+}
+
+/**
+ * Lists the advisory locks of the current database (or only (key1, key2)), with holders and
+ * waiters, as far as the session's role may see.
+ *
+ * @param session The session.
+ * @param keys Only this lock, if given.
+ * @returns One entry per lock, ordered by key.
+ */
+export async function listAdvisoryLocks(
+  session: LockSession,
+  keys?: { readonly key1: number; readonly key2: number },
+): Promise<AdvisoryLockInfo[]> {
+  // to_jsonb(l) reads waitstart where it exists (PostgreSQL 14+) without naming the column.
+  const rows = await session.query(LIST_LOCKS, [keys?.key1 ?? null, keys?.key2 ?? null]);
+  const byKey = new Map<string, {
+    form: "int4pair" | "bigint";
+    key1: number;
+    key2: number;
+    holder: SessionInfo | undefined;
+    waiters: SessionInfo[];
+  }>();
+  for (const row of rows) {
+    const classid = Number(row.classid);
+    const objid = Number(row.objid);
+    const form = Number(row.objsubid) === 2 ? "int4pair" : "bigint";
+    const key1 = classid > 0x7fffffff ? classid - 0x100000000 : classid;
+    const key2 = form === "int4pair" && objid > 0x7fffffff ? objid - 0x100000000 : objid;
+    const id = `${form}:${key1}:${key2}`;
+    let entry = byKey.get(id);
+    if (!entry) {
+      entry = { form, key1, key2, holder: undefined, waiters: [] };
+      byKey.set(id, entry);
+    }
+    const info: SessionInfo = {
+      pid: Number(row.pid),
+      identity: optionalString(row.application_name),
+      user: optionalString(row.usename),
+      clientAddr: optionalString(row.client_addr),
+      sessionStartedAt: row.backend_start instanceof Date ? row.backend_start : undefined,
+      waitingSince: typeof row.waitstart === "string" ? new Date(row.waitstart) : undefined,
+    };
+    if (row.granted === true) entry.holder = info;
+    else entry.waiters.push(info);
+  }
+  return [...byKey.values()];
+}
+
+function optionalString(value: unknown): string | undefined {
+  return typeof value === "string" && value !== "" ? value : undefined;
 }

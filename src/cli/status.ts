@@ -8,13 +8,18 @@
 import { sleep } from "../_async.ts";
 import { inspectLocks } from "../who_leads.ts";
 import type { AdvisoryLockInfo, SessionInfo } from "../protocol.ts";
-import { int32, parseArgs, seconds, UsageError } from "./_args.ts";
+import { parseArgs, seconds, UsageError } from "./_args.ts";
 import { onSignals, STOP_SIGNALS } from "./_campaign.ts";
-import { type CliIo, errorMessage, type FieldValue, Logger, Redactor } from "./_output.ts";
-import { parseDsn, readDenoEnv, redactDsn } from "../dsn.ts";
+import { dsnSettings, type LockTarget, lockTarget } from "./_lock_flags.ts";
+import { type CliIo, errorMessage, type FieldValue, Logger } from "./_output.ts";
+import { EXIT_NO_PERMISSION, requirePermissions } from "./_permissions.ts";
+
+/** Exit status of `status` for a lock nobody holds, as `pg_ctl status` and LSB init scripts. */
+export const EXIT_NOT_HELD = 3;
 
 const STATUS_FLAGS = {
   dsn: "value",
+  name: "value",
   key1: "value",
   key2: "value",
   watch: "switch",
@@ -24,23 +29,32 @@ const STATUS_FLAGS = {
 } as const;
 
 /** The help of `status`. */
-export const STATUS_HELP = `Usage: pgleaderlock status [--key1 K1 --key2 K2] [--watch] [--json]
+export const STATUS_HELP =
+  `Usage: pgleaderlock status [--name NAME | --key1 K1 --key2 K2] [--watch] [--json]
 
-Shows every advisory lock of the database (or only (K1, K2)): the holder's backend pid, its
-identity (application_name), its client address when visible, since when its session exists,
-and how many candidates wait in the lock's queue. As a plain role, other roles' client
-addresses and session start times are hidden by PostgreSQL and left out.
+Shows every advisory lock of the database (or only the one named): the holder's backend pid,
+its identity (application_name), its client address and session start when visible, since when
+it leads when known, and the candidates waiting in the lock's queue, one line each, longest
+waiting first. As a plain role, other roles' client addresses and session start times are
+hidden by PostgreSQL and left out.
+
+PostgreSQL does not record when an advisory lock was granted: 'leading-since' is known only
+when --watch saw the holder change (the time of the first look that showed the new holder, at
+most --interval late).
 
 Options:
   --dsn DSN          libpq keyword/value string or postgres:// URL.
                      Default: $PG_DSN, else libpq's PG* variables.
+  --name NAME        Only the lock of this name (its keys as 'run --name' computes them).
   --key1 N, --key2 N Only this lock (give both).
   --watch            Keep watching; print the locks again whenever they change.
   --interval S       How often --watch looks, in seconds. Default: 1.
-  --json             One JSON object per line: {"time", "event": "status", "locks": [...]}.
+  --json             One JSON object per line: {"time", "level", "event": "status", "locks": [...]}.
   -h, --help         Show this help.
 
-Exit status: 0; 1 when the database cannot be reached; 2 for a usage error.
+Exit status, as 'pg_ctl status': 0 when the lock named is held (without a lock named: 0);
+${EXIT_NOT_HELD} when it is not held; with --watch, that of the last look. 1 when the database
+cannot be reached; 2 for a usage error; ${EXIT_NO_PERMISSION} when a Deno permission is missing.
 `;
 
 /**
@@ -48,8 +62,9 @@ Exit status: 0; 1 when the database cannot be reached; 2 for a usage error.
  *
  * @param args The arguments after `status`.
  * @param io Where to write.
- * @returns The exit status.
+ * @returns The exit status: 0 held (or no lock named), 3 not held, 1 unreachable.
  * @throws {UsageError} When the command line is wrong.
+ * @throws {MissingPermissionError} When a permission it needs is not granted.
  */
 export async function statusCommand(args: readonly string[], io: CliIo): Promise<number> {
   const { flags, rest } = parseArgs("status", args, STATUS_FLAGS);
@@ -58,19 +73,7 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
     return 0;
   }
   if (rest.length > 0) throw new UsageError(`unexpected argument '${rest[0]}'`, "status");
-  const key1Text = flags.get("key1");
-  const key2Text = flags.get("key2");
-  if ((key1Text === undefined) !== (key2Text === undefined)) {
-    throw new UsageError(
-      `options '--key1' and '--key2' go together: missing '--${
-        key1Text === undefined ? "key1" : "key2"
-      }'`,
-      "status",
-    );
-  }
-  const keys = key1Text !== undefined && key2Text !== undefined
-    ? { key1: int32("status", "key1", key1Text), key2: int32("status", "key2", key2Text) }
-    : undefined;
+  const target = lockTarget("status", flags, false);
   const watch = flags.has("watch");
   const intervalText = flags.get("interval");
   if (intervalText !== undefined && !watch) {
@@ -79,50 +82,65 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
   const intervalMs = intervalText === undefined
     ? 1000
     : seconds("status", "interval", intervalText, 0.05);
-  const redactor = new Redactor();
-  redactor.add(readDenoEnv("PGPASSWORD"));
-  const given = flags.get("dsn");
-  const dsn = given ?? readDenoEnv("PG_DSN") ?? "";
-  try {
-    redactor.add(parseDsn(dsn).password);
-  } catch (error) {
-    throw new UsageError(
-      `${given !== undefined ? "option '--dsn'" : "$PG_DSN"} is invalid: ${
-        redactDsn(errorMessage(error))
-      }`,
-      "status",
-    );
-  }
+  const { dsn, redactor, needs } = dsnSettings("status", flags);
+  requirePermissions("status", needs);
   const logger = new Logger({ json: flags.has("json"), write: io.stdout, redactor });
+  const keys = target === undefined ? undefined : { key1: target.key1, key2: target.key2 };
 
   const controller = new AbortController();
   using _signals = onSignals(STOP_SIGNALS, () => controller.abort());
   let previous: string | undefined;
+  let code = 0;
+  // Holder pid by lock, with the time of the first look that showed it; `undefined` for the
+  // holders of the first look, whose start is unknown.
+  let seen: Map<string, { pid: number; since: Date | undefined }> | undefined;
   for (;;) {
     let locks: AdvisoryLockInfo[];
+    const lookedAt = new Date();
     try {
       locks = await inspectLocks({ dsn, ...keys, signal: controller.signal });
     } catch (error) {
-      if (controller.signal.aborted) return 0;
+      if (controller.signal.aborted) return code;
       logger.event("error", { message: errorMessage(error) });
       if (!watch) return 1;
+      code = 1;
       await sleep(intervalMs, [controller.signal]);
-      if (controller.signal.aborted) return 0;
+      if (controller.signal.aborted) return code;
       previous = undefined;
       continue;
     }
     if (keys !== undefined && locks.length === 0) {
       locks = [{ form: "int4pair", ...keys, holder: undefined, waiters: [] }];
     }
+    const next = new Map<string, { pid: number; since: Date | undefined }>();
+    for (const lock of locks) {
+      if (lock.holder === undefined) continue;
+      const id = lockId(lock);
+      const before = seen?.get(id);
+      next.set(id, {
+        pid: lock.holder.pid,
+        since: before?.pid === lock.holder.pid
+          ? before.since
+          : seen === undefined
+          ? undefined
+          : lookedAt,
+      });
+    }
+    seen = next;
+    code = keys !== undefined && locks[0]?.holder === undefined ? EXIT_NOT_HELD : 0;
     const snapshot = JSON.stringify(locks.map(summary));
     if (snapshot !== previous) {
-      print(logger, locks);
+      print(logger, locks, target, seen);
       previous = snapshot;
     }
-    if (!watch) return 0;
+    if (!watch) return code;
     await sleep(intervalMs, [controller.signal]);
-    if (controller.signal.aborted) return 0;
+    if (controller.signal.aborted) return code;
   }
+}
+
+function lockId(lock: AdvisoryLockInfo): string {
+  return `${lock.form}:${lock.key1}:${lock.key2}`;
 }
 
 /** What a change is: a new holder or a different queue. */
@@ -130,10 +148,28 @@ function summary(lock: AdvisoryLockInfo): unknown {
   return [lock.form, lock.key1, lock.key2, lock.holder?.pid, lock.waiters.map((w) => w.pid)];
 }
 
-function print(logger: Logger, locks: readonly AdvisoryLockInfo[]): void {
+type Seen = ReadonlyMap<string, { pid: number; since: Date | undefined }>;
+
+function print(
+  logger: Logger,
+  locks: readonly AdvisoryLockInfo[],
+  target: LockTarget | undefined,
+  seen: Seen,
+): void {
   const time = new Date();
+  // Only the lock asked for by name has a known name.
+  const nameOf = (lock: AdvisoryLockInfo) =>
+    target?.name !== undefined && lock.form === "int4pair" && lock.key1 === target.key1 &&
+      lock.key2 === target.key2
+      ? target.name
+      : undefined;
+  const leadingSince = (lock: AdvisoryLockInfo) => seen.get(lockId(lock))?.since;
   if (logger.json) {
-    logger.event("status", { locks: locks.map(lockJson) }, time);
+    logger.event(
+      "status",
+      { locks: locks.map((lock) => lockJson(lock, nameOf(lock), leadingSince(lock))) },
+      time,
+    );
     return;
   }
   if (locks.length === 0) {
@@ -141,7 +177,19 @@ function print(logger: Logger, locks: readonly AdvisoryLockInfo[]): void {
     return;
   }
   logger.event("status", { locks: locks.length }, time);
-  for (const lock of locks) logger.event("lock", lockFields(lock), time);
+  for (const lock of locks) {
+    logger.event("lock", lockFields(lock, nameOf(lock), leadingSince(lock)), time);
+    for (const waiter of lock.waiters) {
+      logger.event("waiter", {
+        ...keyFields(lock),
+        pid: waiter.pid,
+        identity: waiter.identity,
+        user: waiter.user,
+        client: waiter.clientAddr,
+        "waiting-since": waiter.waitingSince,
+      }, time);
+    }
+  }
 }
 
 function keyFields(lock: AdvisoryLockInfo): Record<string, FieldValue> {
@@ -150,15 +198,21 @@ function keyFields(lock: AdvisoryLockInfo): Record<string, FieldValue> {
   return { key: (BigInt(lock.key1) << 32n) | BigInt(lock.key2 >>> 0) };
 }
 
-function lockFields(lock: AdvisoryLockInfo): Record<string, FieldValue> {
+function lockFields(
+  lock: AdvisoryLockInfo,
+  name: string | undefined,
+  leadingSince: Date | undefined,
+): Record<string, FieldValue> {
   const holder = lock.holder;
   return {
+    name,
     ...keyFields(lock),
     holder: holder === undefined ? "none" : holder.pid,
     identity: holder?.identity,
     user: holder?.user,
     client: holder?.clientAddr,
-    since: holder?.sessionStartedAt,
+    "session-since": holder?.sessionStartedAt,
+    "leading-since": leadingSince,
     waiting: lock.waiters.length,
   };
 }
@@ -174,14 +228,22 @@ function sessionJson(session: SessionInfo): Record<string, FieldValue> {
   };
 }
 
-function lockJson(lock: AdvisoryLockInfo): Record<string, FieldValue> {
+function lockJson(
+  lock: AdvisoryLockInfo,
+  name: string | undefined,
+  leadingSince: Date | undefined,
+): Record<string, FieldValue> {
   const { waitingSince: _, ...holder } = lock.holder === undefined
     ? { waitingSince: null }
     : sessionJson(lock.holder);
   return {
     form: lock.form,
+    ...(name !== undefined ? { name } : {}),
     ...keyFields(lock),
-    holder: lock.holder === undefined ? null : holder,
+    held: lock.holder !== undefined,
+    holder: lock.holder === undefined
+      ? null
+      : { ...holder, leadingSince: leadingSince?.toISOString() ?? null },
     waiting: lock.waiters.length,
     waiters: lock.waiters.map(sessionJson),
   };

@@ -1,0 +1,340 @@
+/**
+ * The options of a {@linkcode LeaderLock}, validated and resolved once into one frozen
+ * {@linkcode LockConfig}: the only place a default is decided or a bound checked.
+ *
+ * @module
+ */
+import { type ConnectionOptions, type Connector, makeConnector } from "./connector.ts";
+import { redactDsn } from "./dsn.ts";
+import { MAX_DURATION_MS, sessionSettings } from "./protocol.ts";
+import { ExponentialBackoff, type RetryStrategy } from "./retry.ts";
+import { hostname, pid } from "./_runtime.ts";
+
+/** How a follower competes for the lock. */
+export type AcquireMode = "wait" | "poll";
+
+/** Options of {@linkcode LeaderLock}. Durations are milliseconds, each at most 2^31 - 1. */
+export interface LeaderLockOptions extends ConnectionOptions {
+  /** First key of the advisory lock: an int32. Processes with the same (key1, key2) compete. */
+  key1: number;
+  /** Second key of the advisory lock: an int32. */
+  key2: number;
+  /**
+   * Paces reconnects, and in `acquireMode: "poll"` the try-locks. Returning `null` gives up:
+   * the lock stops and dispatches an `error` event carrying a {@linkcode ConnectionError}.
+   * A result that is neither `null` nor a finite number >= 0 is reported as an `error` event and
+   * replaced by 1000 ms; results above 2^31 - 1 ms are clamped to it.
+   *
+   * @default {new ExponentialBackoff()} (1 s doubling to 30 s)
+   */
+  retryStrategy?: RetryStrategy;
+  /**
+   * How often a leader proves that its session still holds the lock.
+   *
+   * @default {5000}
+   */
+  healthIntervalMs?: number;
+  /**
+   * How long leadership survives without a successful ownership check. The server ends a
+   * silent leader's session after this long (`idle_session_timeout` and TCP keepalives), and the
+   * client stops counting itself leader a margin (10 %, at most 1 s) before. Must be at least
+   * twice `healthIntervalMs`.
+   *
+   * @default {3 * healthIntervalMs}
+   */
+  leaseMs?: number;
+  /**
+   * If set, a leader whose session is lost has this long to reconnect and take the lock again
+   * before `lost` is dispatched. `isLeader` is false meanwhile, and a regained lock is a new term
+   * with a new fencing token (the `acquired` event has `regained: true`).
+   *
+   * @default {undefined} (loss is reported at once)
+   */
+  reconnectGraceMs?: number;
+  /**
+   * After losing leadership (or stepping down), go back to being a follower and compete again.
+   * When false the lock stops instead.
+   *
+   * @default {true}
+   */
+  autoReacquire?: boolean;
+  /** Aborting it shuts the lock down cleanly (releasing the lock if held). */
+  signal?: AbortSignal;
+  /**
+   * What other processes see of this candidate (PostgreSQL's application_name): 1 to 63
+   * printable ASCII characters (PostgreSQL would truncate a longer one and replace other
+   * characters with `?`, so they are refused).
+   *
+   * @default {`${hostname}:${pid}`} (the DSN's application_name if it has one; just `pid:${pid}`
+   * without permission to read the host name)
+   */
+  identity?: string;
+  /**
+   * How a follower competes. `"wait"` waits inside PostgreSQL's lock queue, one
+   * `waitWindowMs` window after another, and takes the lock within milliseconds of its release.
+   * `"poll"` is the Python library's behaviour: try-lock, then wait the retry strategy's delay.
+   *
+   * @default {"wait"}
+   */
+  acquireMode?: AcquireMode;
+  /**
+   * Length of one wait in PostgreSQL's lock queue (`lock_timeout`). The first failed try-lock and
+   * each window that passes without the lock dispatch `acquirefailed`.
+   *
+   * @default {Math.min(healthIntervalMs, leaseMs / 3)}
+   */
+  waitWindowMs?: number;
+  /**
+   * How long a new leader waits, holding the lock, before announcing itself, when the previous
+   * holder did not hand the lock over: a holder whose backend was just killed learns it from its
+   * socket, about when (and sometimes after) the new holder learns of the grant, and must stop
+   * claiming first. Skipped after a handover (the previous holder's `stepDown()` or shutdown seen in
+   * pg_stat_activity, from a session of the same role). Less than half of `leaseMs`.
+   *
+   * @default {10}
+   */
+  settleMs?: number;
+}
+
+/** Everything a running lock needs, validated, with every default decided. Frozen. */
+export interface LockConfig {
+  /** First key. */
+  readonly key1: number;
+  /** Second key. */
+  readonly key2: number;
+  /** application_name of the lock's sessions. */
+  readonly identity: string;
+  /** See {@linkcode LeaderLockOptions.acquireMode}. */
+  readonly acquireMode: AcquireMode;
+  /** See {@linkcode LeaderLockOptions.retryStrategy}. */
+  readonly retryStrategy: RetryStrategy;
+  /** See {@linkcode LeaderLockOptions.healthIntervalMs}. */
+  readonly healthIntervalMs: number;
+  /** See {@linkcode LeaderLockOptions.leaseMs}. */
+  readonly leaseMs: number;
+  /** See {@linkcode LeaderLockOptions.waitWindowMs}. */
+  readonly waitWindowMs: number;
+  /** See {@linkcode LeaderLockOptions.reconnectGraceMs}. */
+  readonly reconnectGraceMs: number | undefined;
+  /** See {@linkcode LeaderLockOptions.autoReacquire}. */
+  readonly autoReacquire: boolean;
+  /** See {@linkcode LeaderLockOptions.settleMs}. */
+  readonly settleMs: number;
+  /** See {@linkcode LeaderLockOptions.signal}. */
+  readonly signal: AbortSignal | undefined;
+  /** The settings every session of the lock runs under. */
+  readonly settings: Readonly<Record<string, string>>;
+  /** Opens sessions; its `target` names the server in messages (never a password). */
+  readonly connector: Connector;
+}
+
+const INT32_MIN = -2147483648;
+const INT32_MAX = 2147483647;
+const ACQUIRE_MODES: readonly AcquireMode[] = ["wait", "poll"];
+const WHERE = "create LeaderLock";
+
+/**
+ * Validates `options` and decides every default.
+ *
+ * @param options The user's options.
+ * @returns The frozen configuration.
+ * @throws {TypeError} When an option has the wrong type or the DSN cannot be parsed.
+ * @throws {RangeError} When a value is out of range.
+ */
+export function resolveOptions(options: LeaderLockOptions): LockConfig {
+  if (typeof options !== "object" || options === null) {
+    throw new TypeError(
+      `Cannot create LeaderLock as 'options' must be an object: current value is ${
+        String(options)
+      }`,
+    );
+  }
+  const {
+    dsn,
+    connect,
+    retryStrategy = new ExponentialBackoff(),
+    healthIntervalMs = 5000,
+    reconnectGraceMs,
+    autoReacquire = true,
+    signal,
+    acquireMode = "wait",
+    settleMs = 10,
+  } = options;
+  const key1 = checkInt32("key1", options.key1);
+  const key2 = checkInt32("key2", options.key2);
+  checkDuration("healthIntervalMs", healthIntervalMs, { min: 1 });
+  const { leaseMs = Math.min(MAX_DURATION_MS, 3 * healthIntervalMs) } = options;
+  checkDuration("leaseMs", leaseMs, { min: 1 });
+  if (leaseMs < 2 * healthIntervalMs) {
+    throw new RangeError(
+      `Cannot create LeaderLock as 'leaseMs' must be at least twice 'healthIntervalMs' (${healthIntervalMs}): current value is ${leaseMs}`,
+    );
+  }
+  const { waitWindowMs = Math.max(1, Math.floor(Math.min(healthIntervalMs, leaseMs / 3))) } =
+    options;
+  checkDuration("waitWindowMs", waitWindowMs, { min: 1 });
+  if (reconnectGraceMs !== undefined) checkDuration("reconnectGraceMs", reconnectGraceMs);
+  checkDuration("settleMs", settleMs);
+  if (settleMs >= leaseMs / 2) {
+    throw new RangeError(
+      `Cannot create LeaderLock as 'settleMs' must be less than half of 'leaseMs' (${leaseMs}): current value is ${settleMs}`,
+    );
+  }
+  if (typeof autoReacquire !== "boolean") {
+    throw new TypeError(
+      `Cannot create LeaderLock as 'autoReacquire' must be a boolean: current value is ${
+        describe(autoReacquire)
+      }`,
+    );
+  }
+  if (!ACQUIRE_MODES.includes(acquireMode)) {
+    throw new TypeError(
+      `Cannot create LeaderLock as 'acquireMode' must be "wait" or "poll": current value is ${
+        describe(acquireMode)
+      }`,
+    );
+  }
+  if (
+    typeof retryStrategy !== "object" || retryStrategy === null ||
+    typeof retryStrategy.nextDelayMs !== "function"
+  ) {
+    throw new TypeError(
+      `Cannot create LeaderLock as 'retryStrategy' must have a nextDelayMs method: current value is ${
+        describe(retryStrategy)
+      }`,
+    );
+  }
+  if (signal !== undefined && !(signal instanceof AbortSignal)) {
+    throw new TypeError(
+      `Cannot create LeaderLock as 'signal' must be an AbortSignal: current value is ${
+        describe(signal)
+      }`,
+    );
+  }
+  const connection = {
+    ...(dsn !== undefined ? { dsn } : {}),
+    ...(connect !== undefined ? { connect } : {}),
+  };
+  const connector = makeConnector(connection, "Cannot create LeaderLock", {
+    keepAliveDelayMs: Math.max(1000, Math.floor(leaseMs / 3)),
+  });
+  const identity = checkIdentity(
+    options.identity ?? connector.applicationName ?? defaultIdentity(),
+  );
+  const settings = Object.freeze(sessionSettings({ identity, waitWindowMs, leaseMs }));
+  return Object.freeze({
+    key1,
+    key2,
+    identity,
+    acquireMode,
+    retryStrategy,
+    healthIntervalMs,
+    leaseMs,
+    waitWindowMs,
+    reconnectGraceMs,
+    autoReacquire,
+    settleMs,
+    signal,
+    settings,
+    connector,
+  });
+}
+
+/**
+ * Describes a value for an error message without echoing a password.
+ *
+ * @param value Any value.
+ * @returns A short description.
+ */
+export function describe(value: unknown): string {
+  if (typeof value === "string") return JSON.stringify(redactDsn(value));
+  if (typeof value === "function") return "a function";
+  if (typeof value === "object" && value !== null) return "an object";
+  return String(value);
+}
+
+function checkInt32(name: string, value: unknown): number {
+  if (typeof value !== "number") {
+    throw new TypeError(
+      `Cannot create LeaderLock as '${name}' must be an int32 number: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  if (!Number.isInteger(value) || value < INT32_MIN || value > INT32_MAX) {
+    throw new RangeError(
+      `Cannot create LeaderLock as '${name}' must be an int32: current value is ${value}`,
+    );
+  }
+  return value;
+}
+
+/** Options of {@linkcode checkDuration}. */
+export interface CheckDurationOptions {
+  /** The smallest value allowed. @default {0} */
+  readonly min?: number;
+  /** The method being called, for the message (else the constructor). @default {undefined} */
+  readonly method?: string;
+}
+
+/**
+ * Checks a duration: a finite number of milliseconds from `min` to 2^31 - 1 (what timers and
+ * PostgreSQL's millisecond settings accept).
+ *
+ * @param name The option's name.
+ * @param value The value.
+ * @param options The minimum and the method.
+ * @throws {TypeError} When not a number.
+ * @throws {RangeError} When out of range.
+ */
+export function checkDuration(
+  name: string,
+  value: unknown,
+  options: CheckDurationOptions = {},
+): void {
+  const { min = 0, method } = options;
+  const where = method ? `call LeaderLock.${method}()` : WHERE;
+  if (typeof value !== "number") {
+    throw new TypeError(
+      `Cannot ${where} as '${name}' must be a number of milliseconds: current value is ${
+        describe(value)
+      }`,
+    );
+  }
+  if (!Number.isFinite(value) || value < min || value > MAX_DURATION_MS) {
+    throw new RangeError(
+      `Cannot ${where} as '${name}' must be a finite number from ${min} to ${MAX_DURATION_MS} (2^31 - 1): current value is ${value}`,
+    );
+  }
+}
+
+function checkIdentity(identity: unknown): string {
+  if (typeof identity !== "string") {
+    throw new TypeError(
+      `Cannot create LeaderLock as 'identity' must be a string: current value is ${
+        describe(identity)
+      }`,
+    );
+  }
+  if (identity.length === 0 || identity.length > 63) {
+    throw new RangeError(
+      `Cannot create LeaderLock as 'identity' must be 1 to 63 characters: current value has ${identity.length}`,
+    );
+  }
+  if (/[^\x20-\x7e]/.test(identity)) {
+    throw new RangeError(
+      `Cannot create LeaderLock as 'identity' must be printable ASCII (PostgreSQL shows other characters as '?' in application_name): current value is ${
+        JSON.stringify(identity)
+      }`,
+    );
+  }
+  return identity;
+}
+
+function defaultIdentity(): string {
+  const host = hostname() ?? "";
+  const id = `${pid()}`;
+  const clean = host.replace(/[^\x20-\x7e]/g, "?");
+  if (!clean) return `pid:${id}`;
+  return `${clean.slice(0, 62 - id.length)}:${id}`;
+}
