@@ -6,7 +6,7 @@
  * ```sh
  * deno run -A jsr:@x/pgleaderlock/cli demo
  * deno run --allow-net --allow-env --allow-sys=hostname jsr:@x/pgleaderlock/cli run \
- *   --dsn postgres://app@db/app --key1 5001 --key2 1
+ *   --dsn postgres://app@db/app --name billing-cron
  * ```
  *
  * Durations are seconds, as in the Python CLI. `--dsn` falls back to `$PG_DSN`, then to libpq's
@@ -23,7 +23,11 @@
  *
  * @module
  */
+// A static JSON import: `deno compile` and JSR bundle deno.json with the module graph, so the
+// version is the one the binary or package was built from.
+import denoJson from "./deno.json" with { type: "json" };
 import { UsageError } from "./src/cli/_args.ts";
+import { EXIT_NO_PERMISSION, MissingPermissionError } from "./src/cli/_permissions.ts";
 import { type CliIo, errorMessage, processIo } from "./src/cli/_output.ts";
 import { runCommand } from "./src/cli/run.ts";
 import { execCommand } from "./src/cli/exec.ts";
@@ -31,6 +35,9 @@ import { statusCommand } from "./src/cli/status.ts";
 import { runWatchdog, WATCHDOG_COMMAND } from "./src/cli/_watchdog.ts";
 
 export type { CliIo };
+
+/** The version of this CLI: deno.json's `version`. */
+export const VERSION: string = denoJson.version;
 
 const HELP = `Usage: pgleaderlock COMMAND [options]
 
@@ -42,7 +49,12 @@ Commands:
   exec      Run a command only while this process leads:  exec [options] -- COMMAND ARGS...
   status    Show who holds each advisory lock and how many wait.
 
+Options:
+  --version   Print the version and exit.
+  -h, --help  Show this help.
+
 Run 'pgleaderlock COMMAND --help' for a command's options. Durations are in seconds.
+Exit status: 2 for a usage error, ${EXIT_NO_PERMISSION} when a Deno permission is missing; else the command's.
 `;
 
 const COMMANDS: Record<string, (args: readonly string[], io: CliIo) => Promise<number>> = {
@@ -58,10 +70,15 @@ const COMMANDS: Record<string, (args: readonly string[], io: CliIo) => Promise<n
  *
  * @param args The command line without the program, such as `["run", "--key1", "1", ...]`.
  * @param io Where to write. @default the process's stdout and stderr
- * @returns The exit status: 0 on success, 2 for a usage error, else what the command documents.
+ * @returns The exit status: 0 on success, 2 for a usage error, 77 when a permission is missing,
+ * else what the command documents.
  */
 export async function main(args: readonly string[], io: CliIo = processIo): Promise<number> {
   const [command, ...rest] = args;
+  if (command === "--version" || command === "-V") {
+    io.stdout(`pgleaderlock ${VERSION}\n`);
+    return 0;
+  }
   if (command === undefined || command === "help" || command === "--help" || command === "-h") {
     const topic = command === "help" ? rest[0] : undefined;
     if (topic !== undefined && topic in COMMANDS) return main([topic, "--help"], io);
@@ -74,6 +91,10 @@ export async function main(args: readonly string[], io: CliIo = processIo): Prom
     if (run === undefined) throw new UsageError(`unknown command '${command}'`);
     return await run(rest, io);
   } catch (error) {
+    if (error instanceof MissingPermissionError) {
+      io.stderr(`pgleaderlock ${error.command}: ${error.message}\n`);
+      return EXIT_NO_PERMISSION;
+    }
     if (!(error instanceof UsageError)) throw error;
     const help = error.command === undefined
       ? "pgleaderlock --help"

@@ -7,7 +7,7 @@
 import { LeaderLock, type LeaderLockOptions } from "../leader_lock.ts";
 import { UsageError } from "./_args.ts";
 import { type HttpEndpoints, serveEndpoints } from "./_http.ts";
-import { type LockSettings, logLockEvents } from "./_lock_flags.ts";
+import { type LockSettings, LoggedRetry, logLockEvents } from "./_lock_flags.ts";
 import { LockMetrics, type MetricFamily } from "./_metrics.ts";
 import { errorMessage, type FieldValue, type Logger } from "./_output.ts";
 
@@ -25,6 +25,16 @@ export interface CampaignOptions {
   readonly metrics?: () => MetricFamily[];
 }
 
+/** The session holding the lock, as a follower last saw it (or this process, while leading). */
+export interface HolderInfo {
+  /** The holder's backend pid. */
+  readonly pid: number;
+  /** Its identity, when this role may see it. */
+  readonly identity: string | undefined;
+  /** When this process first saw it hold the lock (or took the lock itself). */
+  readonly seenSince: Date;
+}
+
 /** A LeaderLock with its logging, endpoints and a record of how it stopped. */
 export class Campaign implements AsyncDisposable {
   /** The lock. */
@@ -37,16 +47,29 @@ export class Campaign implements AsyncDisposable {
   lastError: unknown = undefined;
   /** The last `lost` event's reason, if any. */
   lastLost: string | undefined = undefined;
+  /** Whether `--timeout` passed before this process led. */
+  timedOut = false;
+  /** The lock's name, when it was named. */
+  readonly name: string | undefined;
   readonly #logger: Logger;
+  readonly #settings: LockSettings;
   #http: HttpEndpoints | undefined;
   #started = false;
+  #led = false;
+  #timeout: ReturnType<typeof setTimeout> | undefined;
+  #holder: HolderInfo | undefined;
 
   private constructor(options: CampaignOptions) {
     const { command, settings, logger, overrides = {} } = options;
     this.#logger = logger;
+    this.#settings = settings;
+    this.name = settings.name;
+    const { retryStrategy } = settings.options;
+    const retry = retryStrategy === undefined ? undefined : new LoggedRetry(retryStrategy, logger);
     try {
       this.lock = new LeaderLock({
         ...settings.options,
+        ...(retry !== undefined ? { retryStrategy: retry } : {}),
         ...overrides,
         signal: this.controller.signal,
       });
@@ -57,9 +80,25 @@ export class Campaign implements AsyncDisposable {
       }
       throw error;
     }
-    logLockEvents(this.lock, logger);
+    logLockEvents(this.lock, logger, retry);
     this.lock.addEventListener("error", (e) => this.lastError = e.error);
     this.lock.addEventListener("lost", (e) => this.lastLost = e.reason);
+    this.lock.addEventListener("acquired", () => {
+      this.#led = true;
+      clearTimeout(this.#timeout);
+      this.#holder = {
+        pid: this.lock.backendPid,
+        identity: this.lock.identity,
+        seenSince: new Date(),
+      };
+    });
+    // Our own term ended: who holds the lock now is unknown until the next leaderchange.
+    const forget = () => this.#holder = undefined;
+    this.lock.addEventListener("lost", forget);
+    this.lock.addEventListener("released", forget);
+    this.lock.addEventListener("leaderchange", (e) => {
+      this.#holder = { pid: e.pid, identity: e.identity, seenSince: new Date() };
+    });
     this.stopped = new Promise<void>((resolve) => {
       this.lock.addEventListener("statechange", (e) => {
         if (e.to === "stopped" && this.#started) resolve();
@@ -88,6 +127,8 @@ export class Campaign implements AsyncDisposable {
         campaign.#http = serveEndpoints(settings.http, {
           lock: campaign.lock,
           healthy: () => !campaign.#started || campaign.lock.state !== "stopped",
+          holder: () => campaign.holder,
+          name: settings.name,
           metrics: () => [...lockMetrics.families(), ...(extra?.() ?? [])],
         });
       } catch (error) {
@@ -98,6 +139,7 @@ export class Campaign implements AsyncDisposable {
     }
     const { lock } = campaign;
     logger.event("starting", {
+      name: settings.name,
       key1: lock.key1,
       key2: lock.key2,
       identity: lock.identity,
@@ -111,12 +153,43 @@ export class Campaign implements AsyncDisposable {
   }
 
   /**
-   * Starts competing. Errors are logged, not thrown.
+   * The session holding the lock as far as this process knows: itself while leading, else the
+   * holder of the last `leaderchange`; `undefined` when unknown or free.
+   */
+  get holder(): HolderInfo | undefined {
+    if (this.lock.isLeader) {
+      const held = this.#holder;
+      return held?.pid === this.lock.backendPid
+        ? held
+        : { pid: this.lock.backendPid, identity: this.lock.identity, seenSince: new Date() };
+    }
+    return this.#holder;
+  }
+
+  /**
+   * Starts competing, and with `--timeout` arms it: when this process has not led by then, the
+   * campaign logs `timeout`, sets {@linkcode timedOut} and stops. Errors are logged, not thrown.
    *
-   * @returns `true` once the first session is open; `false` when the lock could not connect.
+   * @returns `true` once the first session is open (or the campaign was stopped meanwhile);
+   * `false` when the lock could not connect.
    */
   async start(): Promise<boolean> {
     this.#started = true;
+    const { timeoutMs } = this.#settings;
+    if (timeoutMs !== undefined && !this.#led) {
+      this.#timeout = setTimeout(() => {
+        if (this.#led || this.controller.signal.aborted) return;
+        this.timedOut = true;
+        const holder = this.holder;
+        this.#logger.event("timeout", {
+          after: timeoutMs / 1000,
+          message: "not leader within --timeout: giving up",
+          holderPid: holder?.pid,
+          holderIdentity: holder?.identity,
+        });
+        this.controller.abort();
+      }, timeoutMs);
+    }
     try {
       await this.lock.start();
       this.#logger.event("connected", { backendPid: this.lock.backendPid });
@@ -137,6 +210,7 @@ export class Campaign implements AsyncDisposable {
    * @param timeoutMs How long to wait for the release.
    */
   async close(timeoutMs = 10_000): Promise<void> {
+    clearTimeout(this.#timeout);
     this.controller.abort();
     try {
       await this.lock.shutdown({ timeoutMs });
@@ -150,6 +224,19 @@ export class Campaign implements AsyncDisposable {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+/**
+ * Resolves when `signal` aborts.
+ *
+ * @param signal The signal.
+ * @returns A promise that never rejects.
+ */
+export function aborted(signal: AbortSignal): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  return new Promise((resolve) =>
+    signal.addEventListener("abort", () => resolve(), { once: true })
+  );
 }
 
 /** Signals that stop `run` and `exec`. */

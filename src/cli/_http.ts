@@ -5,6 +5,7 @@
  */
 import type { LeaderLock } from "../leader_lock.ts";
 import type { ListenAddress } from "./_args.ts";
+import type { HolderInfo } from "./_campaign.ts";
 import { type MetricFamily, renderMetrics } from "./_metrics.ts";
 
 /** What the endpoints read. */
@@ -15,6 +16,10 @@ export interface HttpSource {
   healthy(): boolean;
   /** The metric families for `/metrics`. */
   metrics(): MetricFamily[];
+  /** Who holds the lock, as far as this process knows. */
+  holder(): HolderInfo | undefined;
+  /** The lock's name, when it was named. */
+  readonly name: string | undefined;
 }
 
 /** A running endpoint server. */
@@ -50,13 +55,24 @@ export function handle(request: Request, source: HttpSource): Response {
       return json(ok ? 200 : 503, { ok, state: lock.state });
     }
     case "/leader": {
+      // A follower names the holder (from the lock's leaderchange events), as Kubernetes' Lease
+      // holderIdentity does; `holder: null` when the lock is free or not seen yet.
       const leader = lock.isLeader;
       const token = lock.fencingToken;
+      const holder = source.holder();
       return json(leader ? 200 : 503, {
         leader,
         state: lock.state,
         ...(token !== undefined ? { token: String(token) } : {}),
         identity: lock.identity,
+        ...(source.name !== undefined ? { name: source.name } : {}),
+        key1: lock.key1,
+        key2: lock.key2,
+        holder: holder === undefined ? null : {
+          pid: holder.pid,
+          identity: holder.identity ?? null,
+          seenSince: holder.seenSince.toISOString(),
+        },
       });
     }
     default:

@@ -1,13 +1,14 @@
 /**
- * The flags `run` and `exec` share: where to connect, which lock, the timings (in seconds, as in
- * the Python CLI), `--http` and `--json`. Turns them into {@linkcode LeaderLockOptions}, and logs
- * a lock's events.
+ * The flags `run` and `exec` share: where to connect, which lock (`--name`, or `--key1` and
+ * `--key2`), the timings (in seconds, as in the Python CLI), `--timeout`, `--http` and the log
+ * format and level. Turns them into {@linkcode LeaderLockOptions}, and logs a lock's events.
  *
  * @module
  */
-import { parseDsn, readDenoEnv, redactDsn } from "../dsn.ts";
+import { type ConnectionParams, parseDsn, redactDsn } from "../dsn.ts";
 import type { AcquireMode, LeaderLock, LeaderLockOptions } from "../leader_lock.ts";
-import { ExponentialBackoff } from "../retry.ts";
+import { lockKeys } from "../lock_name.ts";
+import { ExponentialBackoff, type RetryContext, type RetryStrategy } from "../retry.ts";
 import {
   type FlagSpecs,
   int32,
@@ -16,11 +17,16 @@ import {
   seconds,
   UsageError,
 } from "./_args.ts";
-import { errorMessage, type Logger, Redactor } from "./_output.ts";
+import { errorMessage, LOG_LEVELS, type Logger, type LogLevel, Redactor } from "./_output.ts";
+import { connectionNeeds, type Need } from "./_permissions.ts";
+
+/** Exit status of `run` and `exec` when `--timeout` passed before this process led (as timeout(1)). */
+export const EXIT_TIMEOUT = 124;
 
 /** The flags of {@linkcode lockSettings}. */
 export const LOCK_FLAGS: FlagSpecs = {
   dsn: "value",
+  name: "value",
   key1: "value",
   key2: "value",
   "health-interval": "value",
@@ -31,8 +37,11 @@ export const LOCK_FLAGS: FlagSpecs = {
   "no-auto-reacquire": "switch",
   identity: "value",
   "acquire-mode": "value",
+  timeout: "value",
   http: "value",
   json: "switch",
+  "log-format": "value",
+  "log-level": "value",
   help: "switch",
 };
 
@@ -40,7 +49,9 @@ export const LOCK_FLAGS: FlagSpecs = {
 export const LOCK_FLAGS_HELP = `Connection and lock:
   --dsn DSN                libpq keyword/value string or postgres:// URL.
                            Default: $PG_DSN, else libpq's PG* variables (PGHOST, PGUSER, ...).
-  --key1 N, --key2 N       The advisory lock's two int32 keys (required).
+  --name NAME              The lock's name (1 to 255 UTF-8 bytes); its keys are the first 8
+                           bytes of SHA-256(NAME) as two big-endian int32 (see the README).
+  --key1 N, --key2 N       Or the advisory lock's two int32 keys themselves.
   --identity NAME          What others see of this candidate (application_name).
                            Default: HOSTNAME:PID.
 Timing (seconds):
@@ -54,30 +65,220 @@ Timing (seconds):
   --no-auto-reacquire      After losing leadership, stop instead of competing again.
   --acquire-mode MODE      wait (queue in PostgreSQL, take over within milliseconds) or poll
                            (try-lock every retry delay, like the Python library). Default: wait.
+  --timeout S              Give up (exit ${EXIT_TIMEOUT}) when not leader S seconds after starting,
+                           like 'etcdctl lock --timeout'. Default: wait for ever.
 Output:
-  --http HOST:PORT         Serve GET /healthz, /leader (200 while leading, else 503) and
-                           /metrics (Prometheus text format). Port 0 picks a free one.
-  --json                   One JSON object per line instead of human-readable lines.
+  --http HOST:PORT         Serve GET /healthz, /leader (200 while leading, else 503, naming
+                           the holder) and /metrics (Prometheus text). Port 0 picks a free one.
+  --log-format FORMAT      text (a timestamp, the event, key=value fields) or json (one object
+                           per line: time, level, event, then the event's fields). Default: text.
+  --json                   Same as --log-format json.
+  --log-level LEVEL        error, warn, info or debug. At info a waiting follower logs who
+                           leads, not each wait window (that is debug). Default: info.
   -h, --help               Show this help.`;
 
-/** The shared flags, read and checked. */
-export interface LockSettings {
-  /** Options for the LeaderLock, without `signal`. */
-  readonly options: LeaderLockOptions;
+/**
+ * Reads an environment variable without prompting: `undefined` when it is unset or not readable.
+ *
+ * @param name The variable.
+ * @returns Its value, or `undefined`.
+ */
+export function readEnv(name: string): string | undefined {
+  try {
+    if (Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted") {
+      return undefined;
+    }
+    return Deno.env.get(name);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The lock a command line names: by `--name`, or by `--key1` and `--key2`. */
+export interface LockTarget {
+  /** The first key. */
+  readonly key1: number;
+  /** The second key. */
+  readonly key2: number;
+  /** The name, when the lock was named. */
+  readonly name: string | undefined;
+}
+
+/**
+ * Reads `--name`, or `--key1` and `--key2`.
+ *
+ * @param command The subcommand, for messages.
+ * @param flags The parsed flags.
+ * @param required Whether a lock must be named (`run`, `exec`) or may be left out (`status`).
+ * @returns The lock, or `undefined` when none was named and none is required.
+ * @throws {UsageError} When the flags are missing, mixed, or wrong.
+ */
+export function lockTarget(
+  command: string,
+  flags: ReadonlyMap<string, string>,
+  required: boolean,
+): LockTarget | undefined {
+  const name = flags.get("name");
+  const key1Text = flags.get("key1");
+  const key2Text = flags.get("key2");
+  if (name !== undefined) {
+    if (key1Text !== undefined || key2Text !== undefined) {
+      throw new UsageError(
+        `option '--name' names the lock by itself: leave out '--${
+          key1Text !== undefined ? "key1" : "key2"
+        }'`,
+        command,
+      );
+    }
+    try {
+      return { ...lockKeys(name), name };
+    } catch (error) {
+      if (!(error instanceof RangeError || error instanceof TypeError)) throw error;
+      throw new UsageError(
+        `option '--name' ${error.message.replace(/^.*'name' /, "")}`,
+        command,
+      );
+    }
+  }
+  if (key1Text === undefined && key2Text === undefined && !required) return undefined;
+  if (key1Text === undefined || key2Text === undefined) {
+    throw new UsageError(
+      required
+        ? `option '--name' or options '--key1' and '--key2' are required: missing ${
+          [key1Text === undefined ? "'--key1'" : "", key2Text === undefined ? "'--key2'" : ""]
+            .filter(Boolean).join(" and ")
+        }`
+        : `options '--key1' and '--key2' go together: missing '--${
+          key1Text === undefined ? "key1" : "key2"
+        }'`,
+      command,
+    );
+  }
+  return {
+    key1: int32(command, "key1", key1Text),
+    key2: int32(command, "key2", key2Text),
+    name: undefined,
+  };
+}
+
+/** Where to connect, read from `--dsn`, `$PG_DSN` or the PG* variables. */
+export interface DsnSettings {
+  /** The DSN to pass to the library (`""`: the PG* variables). */
+  readonly dsn: string;
   /** The DSN as given, passwords hidden, for the log; or where it comes from. */
   readonly dsnShown: string;
+  /** Where it came from. */
+  readonly source: "flag" | "PG_DSN" | "PG*";
+  /** What it names. */
+  readonly params: ConnectionParams;
+  /** Hides the DSN's password (and `PGPASSWORD`) in every output line. */
+  readonly redactor: Redactor;
+  /** The permissions connecting takes. */
+  readonly needs: readonly Need[];
+}
+
+/**
+ * Reads `--dsn`, else `$PG_DSN`, else the PG* variables.
+ *
+ * @param command The subcommand, for messages.
+ * @param flags The parsed flags.
+ * @returns The DSN and what connecting to it takes.
+ * @throws {UsageError} When the DSN cannot be parsed (the message hides its password).
+ */
+export function dsnSettings(command: string, flags: ReadonlyMap<string, string>): DsnSettings {
+  const redactor = new Redactor();
+  redactor.add(readEnv("PGPASSWORD"));
+  const given = flags.get("dsn");
+  const fromEnv = given === undefined ? readEnv("PG_DSN") : undefined;
+  const dsn = given ?? fromEnv ?? "";
+  const source = given !== undefined ? "flag" : fromEnv !== undefined ? "PG_DSN" : "PG*";
+  let params: ConnectionParams;
+  try {
+    params = parseDsn(dsn);
+  } catch (error) {
+    throw new UsageError(
+      `${
+        source === "flag" ? "option '--dsn'" : source === "PG_DSN" ? "$PG_DSN" : "the PG* variables"
+      } is invalid: ${redactDsn(errorMessage(error))}`,
+      command,
+    );
+  }
+  redactor.add(params.password);
+  const needs: Need[] = [];
+  if (given === undefined) {
+    // Without --dsn everything comes from the environment: unreadable, it would silently be
+    // localhost as the OS user.
+    needs.push({
+      descriptor: { name: "env" },
+      flag: "--allow-env",
+      why: "to read PG_DSN and the PG* variables (or pass --dsn)",
+    });
+  }
+  needs.push(...connectionNeeds({
+    hosts: params.hosts,
+    files: [params.sslrootcert, params.sslcert, params.sslkey],
+  }));
+  const dsnShown = source === "flag"
+    ? redactDsn(dsn)
+    : source === "PG_DSN"
+    ? `${redactDsn(dsn)} (from PG_DSN)`
+    : "(from PG* variables)";
+  return { dsn, dsnShown, source, params, redactor, needs };
+}
+
+/** How to log, from `--log-format`/`--json` and `--log-level`. */
+export interface LogSettings {
+  /** One JSON object per line. */
+  readonly json: boolean;
+  /** The least severe level written. */
+  readonly level: LogLevel;
+}
+
+/**
+ * Reads `--log-format`, `--json` and `--log-level`.
+ *
+ * @param command The subcommand, for messages.
+ * @param flags The parsed flags.
+ * @returns The format and level.
+ * @throws {UsageError} When a value is unknown or `--json` contradicts `--log-format text`.
+ */
+export function logSettings(command: string, flags: ReadonlyMap<string, string>): LogSettings {
+  const format = flags.get("log-format");
+  if (format !== undefined && format !== "text" && format !== "json") {
+    throw new UsageError(
+      `option '--log-format' must be 'text' or 'json': got '${format}'`,
+      command,
+    );
+  }
+  if (format === "text" && flags.has("json")) {
+    throw new UsageError("option '--json' contradicts '--log-format text'", command);
+  }
+  const level = flags.get("log-level") ?? "info";
+  if (!(LOG_LEVELS as readonly string[]).includes(level)) {
+    throw new UsageError(
+      `option '--log-level' must be one of ${LOG_LEVELS.join(", ")}: got '${level}'`,
+      command,
+    );
+  }
+  return { json: format === "json" || flags.has("json"), level: level as LogLevel };
+}
+
+/** The shared flags, read and checked. */
+export interface LockSettings extends DsnSettings, LogSettings {
+  /** Options for the LeaderLock, without `signal`. */
+  readonly options: LeaderLockOptions;
+  /** The lock's name, when it was named. */
+  readonly name: string | undefined;
   /** The lease in milliseconds. */
   readonly leaseMs: number;
   /** The health interval in milliseconds. */
   readonly healthIntervalMs: number;
   /** The first retry delay in milliseconds. */
   readonly retryBaseMs: number;
+  /** `--timeout` in milliseconds, if given. */
+  readonly timeoutMs: number | undefined;
   /** Where `--http` listens, if given. */
   readonly http: ListenAddress | undefined;
-  /** Whether `--json` was given. */
-  readonly json: boolean;
-  /** Hides the DSN's password (and `PGPASSWORD`) in every output line. */
-  readonly redactor: Redactor;
 }
 
 /**
@@ -90,19 +291,7 @@ export interface LockSettings {
  */
 export function lockSettings(command: string, flags: ReadonlyMap<string, string>): LockSettings {
   const get = (name: string) => flags.get(name);
-  const key1Text = get("key1");
-  const key2Text = get("key2");
-  if (key1Text === undefined || key2Text === undefined) {
-    throw new UsageError(
-      `options '--key1' and '--key2' are required: missing ${
-        [key1Text === undefined ? "'--key1'" : "", key2Text === undefined ? "'--key2'" : ""]
-          .filter(Boolean).join(" and ")
-      }`,
-      command,
-    );
-  }
-  const key1 = int32(command, "key1", key1Text);
-  const key2 = int32(command, "key2", key2Text);
+  const { key1, key2, name } = lockTarget(command, flags, true)!;
   const time = (name: string, min: number) => {
     const text = get(name);
     return text === undefined ? undefined : seconds(command, name, text, min);
@@ -128,6 +317,7 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
     );
   }
   const reconnectGraceMs = time("reconnect-grace", 0);
+  const timeoutMs = time("timeout", 0.001);
   const mode = get("acquire-mode") ?? "wait";
   if (mode !== "wait" && mode !== "poll") {
     throw new UsageError(
@@ -140,35 +330,24 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
     throw new UsageError("option '--identity' must not be empty", command);
   }
   const httpText = get("http");
-
-  const redactor = new Redactor();
-  redactor.add(readDenoEnv("PGPASSWORD"));
-  const given = get("dsn");
-  const fromEnv = given === undefined ? readDenoEnv("PG_DSN") : undefined;
-  const dsn = given ?? fromEnv ?? "";
-  try {
-    redactor.add(parseDsn(dsn).password);
-  } catch (error) {
-    throw new UsageError(
-      `${
-        given !== undefined
-          ? "option '--dsn'"
-          : fromEnv !== undefined
-          ? "$PG_DSN"
-          : "the PG* variables"
-      } is invalid: ${errorMessage(error)}`,
-      command,
-    );
+  const http = httpText === undefined ? undefined : listenAddress(command, "http", httpText);
+  const log = logSettings(command, flags);
+  const dsn = dsnSettings(command, flags);
+  const needs = [...dsn.needs];
+  if (http !== undefined) {
+    needs.push({
+      descriptor: { name: "net", host: `${http.hostname}:${http.port}` },
+      flag: "--allow-net",
+      why: `to listen on ${httpText}`,
+    });
   }
-  const dsnShown = given !== undefined
-    ? redactDsn(given)
-    : fromEnv !== undefined
-    ? `${redactDsn(fromEnv)} (from PG_DSN)`
-    : "(from PG* variables)";
 
   return {
+    ...dsn,
+    ...log,
+    needs,
     options: {
-      dsn,
+      dsn: dsn.dsn,
       key1,
       key2,
       healthIntervalMs,
@@ -179,14 +358,73 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
       acquireMode: mode satisfies AcquireMode,
       ...(identity !== undefined ? { identity } : {}),
     },
-    dsnShown,
+    name,
     leaseMs,
     healthIntervalMs,
     retryBaseMs,
-    http: httpText === undefined ? undefined : listenAddress(command, "http", httpText),
-    json: flags.has("json"),
-    redactor,
+    timeoutMs,
+    http,
   };
+}
+
+/**
+ * Wraps a retry strategy so that each retry after a failure is logged with when it happens:
+ * `retry attempt=3 delay=4 at=2026-11-29T14:00:04.000Z error="..."`.
+ */
+export class LoggedRetry implements RetryStrategy {
+  readonly #inner: RetryStrategy;
+  readonly #logger: Logger;
+  readonly #announced = new WeakSet<object>();
+
+  /**
+   * Creates the wrapper.
+   *
+   * @param inner The strategy that decides.
+   * @param logger Where retry lines go.
+   */
+  constructor(inner: RetryStrategy, logger: Logger) {
+    this.#inner = inner;
+    this.#logger = logger;
+  }
+
+  /**
+   * Asks the inner strategy and logs its answer when an attempt failed with an error.
+   *
+   * @param ctx The attempts so far.
+   * @returns The inner strategy's delay.
+   */
+  nextDelayMs(ctx: RetryContext): number | null {
+    const delay = this.#inner.nextDelayMs(ctx);
+    // Without an error it is a poll-mode try-lock that found the lock held: not a retry.
+    if (ctx.lastError !== undefined && delay !== null && Number.isFinite(delay)) {
+      if (typeof ctx.lastError === "object" && ctx.lastError !== null) {
+        this.#announced.add(ctx.lastError);
+      }
+      this.#logger.event("retry", {
+        attempt: ctx.attempt,
+        delay: Math.round(delay) / 1000,
+        at: new Date(Date.now() + delay),
+        error: errorMessage(ctx.lastError),
+      });
+    }
+    return delay;
+  }
+
+  /**
+   * Whether a retry line already told of this error (or of its cause): its `error` event need not
+   * be logged again.
+   *
+   * @param error The error of an `error` event.
+   * @returns `true` when a retry line named it.
+   */
+  announced(error: unknown): boolean {
+    let current = error;
+    for (let depth = 0; depth < 5 && typeof current === "object" && current !== null; depth++) {
+      if (this.#announced.has(current)) return true;
+      current = (current as { cause?: unknown }).cause;
+    }
+    return false;
+  }
 }
 
 /**
@@ -195,8 +433,10 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
  *
  * @param lock The lock.
  * @param logger Where to log.
+ * @param retry The lock's logged retry strategy: an `error` event it has announced already as a
+ * `retry` line is not logged again.
  */
-export function logLockEvents(lock: LeaderLock, logger: Logger): void {
+export function logLockEvents(lock: LeaderLock, logger: Logger, retry?: LoggedRetry): void {
   lock.addEventListener(
     "statechange",
     (e) => logger.event("statechange", { from: e.from, to: e.to }),
@@ -208,6 +448,11 @@ export function logLockEvents(lock: LeaderLock, logger: Logger): void {
       backendPid: lock.backendPid,
     }));
   lock.addEventListener("released", (e) => logger.event("released", { token: e.fencingToken }));
+  lock.addEventListener("renewed", (e) =>
+    logger.event("renewed", {
+      token: e.fencingToken,
+      leaseRemaining: Math.round(e.leaseExpiresAt - performance.now()) / 1000,
+    }));
   lock.addEventListener("lost", (e) =>
     logger.event("lost", {
       reason: e.reason,
@@ -222,5 +467,8 @@ export function logLockEvents(lock: LeaderLock, logger: Logger): void {
     "leaderchange",
     (e) => logger.event("leaderchange", { pid: e.pid, identity: e.identity }),
   );
-  lock.addEventListener("error", (e) => logger.event("error", { message: errorMessage(e.error) }));
+  lock.addEventListener("error", (e) => {
+    if (retry?.announced(e.error)) return;
+    logger.event("error", { message: errorMessage(e.error) });
+  });
 }

@@ -1,7 +1,11 @@
 /**
  * Output of the CLI: one line per event, human-readable with a timestamp (`2026-11-29T14:00:00.123Z
- * acquired token=123`) or one JSON object per line (`--json`). Every line passes through
- * {@linkcode Redactor} so that no password reaches the output, whatever an error message holds.
+ * acquired token=123`) or one JSON object per line (`--log-format json`, or `--json`), each line
+ * with a level (`--log-level`). Every line passes through {@linkcode Redactor} so that no
+ * password reaches the output, whatever an error message holds.
+ *
+ * JSON lines have stable field names: `time` (ISO 8601, UTC, milliseconds), `level`, `event`, then
+ * the event's own fields in camelCase (absent rather than null when unknown).
  *
  * @module
  */
@@ -76,10 +80,35 @@ function jsonInner(text: string): string {
 /** A field value of an event line. `undefined` fields are left out. */
 export type FieldValue = string | number | bigint | boolean | Date | null | undefined | object;
 
+/** How much a logger writes, from least to most. */
+export const LOG_LEVELS = ["error", "warn", "info", "debug"] as const;
+
+/** One of {@linkcode LOG_LEVELS}. */
+export type LogLevel = typeof LOG_LEVELS[number];
+
+/**
+ * The level of each event the CLI logs; events not listed are `info`. A follower's failed
+ * attempts (one per wait window) and the leader's renewals are `debug`, so that a waiting
+ * follower is quiet at the default level.
+ */
+export const EVENT_LEVELS: Readonly<Record<string, LogLevel>> = {
+  error: "error",
+  timeout: "error",
+  lost: "warn",
+  warning: "warn",
+  retry: "warn",
+  "watchdog-fired": "warn",
+  "command-kill": "warn",
+  acquirefailed: "debug",
+  renewed: "debug",
+};
+
 /** Options of {@linkcode Logger}. */
 export interface LoggerOptions {
   /** One JSON object per line instead of human-readable lines. @default {false} */
   json?: boolean;
+  /** The least severe level written. @default "info" */
+  level?: LogLevel;
   /** Where lines go. */
   write: (text: string) => void;
   /** Hides secrets. @default a Redactor without secrets */
@@ -90,7 +119,10 @@ export interface LoggerOptions {
 
 /** Writes events as lines. */
 export class Logger {
+  /** Whether lines are JSON objects. */
   readonly json: boolean;
+  /** The least severe level written. */
+  readonly level: LogLevel;
   readonly #write: (text: string) => void;
   readonly #redactor: Redactor;
   readonly #now: () => Date;
@@ -101,29 +133,53 @@ export class Logger {
    * @param options The format, the output and the redactor.
    */
   constructor(options: LoggerOptions) {
-    const { json = false, write, redactor = new Redactor(), now = () => new Date() } = options;
+    const {
+      json = false,
+      level = "info",
+      write,
+      redactor = new Redactor(),
+      now = () => new Date(),
+    } = options;
     this.json = json;
+    this.level = level;
     this.#write = write;
     this.#redactor = redactor;
     this.#now = now;
   }
 
   /**
-   * Writes one event.
+   * Whether an event of `level` would be written.
+   *
+   * @param level The level.
+   * @returns `true` when lines of that level are written.
+   */
+  enabled(level: LogLevel): boolean {
+    return LOG_LEVELS.indexOf(level) <= LOG_LEVELS.indexOf(this.level);
+  }
+
+  /**
+   * Writes one event, when its level ({@linkcode EVENT_LEVELS}, else `info`) is enabled.
    *
    * @param event The event's name, such as `acquired`.
    * @param fields Its data.
    * @param time When it happened. @default now
    */
   event(event: string, fields: Record<string, FieldValue> = {}, time: Date = this.#now()): void {
-    const line = this.json ? jsonLine(time, event, fields) : humanLine(time, event, fields);
+    const level = EVENT_LEVELS[event] ?? "info";
+    if (!this.enabled(level)) return;
+    const line = this.json ? jsonLine(time, level, event, fields) : humanLine(time, event, fields);
     this.#write(this.#redactor.scrub(line) + "\n");
   }
 }
 
-function jsonLine(time: Date, event: string, fields: Record<string, FieldValue>): string {
+function jsonLine(
+  time: Date,
+  level: LogLevel,
+  event: string,
+  fields: Record<string, FieldValue>,
+): string {
   return JSON.stringify(
-    { time: time.toISOString(), event, ...fields },
+    { time: time.toISOString(), level, event, ...fields },
     (_key, value) => typeof value === "bigint" ? String(value) : value,
   );
 }

@@ -27,16 +27,24 @@
  * terminated on the server side keeps its command running until its lease runs out. Pass the
  * fencing token (`PGLEADERLOCK_TOKEN`) to what the command writes to.
  *
+ * ## The command's environment
+ *
+ * The command inherits `exec`'s environment, except the database password `exec` itself used:
+ * `PGPASSWORD`, and `PG_DSN` when it holds a password (or cannot be parsed), are removed unless
+ * `--pass-dsn` is given. A password given in `--dsn` on the command line stays visible to every
+ * local user in the process list anyway: prefer `PG_DSN`, `PGPASSWORD` or a password file.
+ *
  * @module
  */
-import { sleep } from "../_async.ts";
+import { parseDsn } from "../dsn.ts";
 import type { LeaderLock } from "../leader_lock.ts";
 import { leaseMarginMs } from "../lease.ts";
 import { parseArgs, seconds, UsageError } from "./_args.ts";
 import { Campaign, onSignals, STOP_SIGNALS } from "./_campaign.ts";
-import { LOCK_FLAGS, LOCK_FLAGS_HELP, lockSettings } from "./_lock_flags.ts";
+import { EXIT_TIMEOUT, LOCK_FLAGS, LOCK_FLAGS_HELP, lockSettings } from "./_lock_flags.ts";
 import type { MetricFamily } from "./_metrics.ts";
 import { type CliIo, errorMessage, Logger } from "./_output.ts";
+import { EXIT_NO_PERMISSION, type Need, requirePermissions } from "./_permissions.ts";
 import { EXIT_LOST } from "./run.ts";
 import { WatchdogClient } from "./_watchdog_client.ts";
 import { hasPdeathsig, withPdeathsig } from "./_pdeathsig.ts";
@@ -51,17 +59,31 @@ const HEARTBEAT_MS = 100;
  */
 const FORWARDED_SIGNALS: readonly Deno.Signal[] = ["SIGQUIT", "SIGUSR2"];
 
-const EXEC_FLAGS = { ...LOCK_FLAGS, "kill-grace": "value", restart: "switch" } as const;
+const EXEC_FLAGS = {
+  ...LOCK_FLAGS,
+  "kill-grace": "value",
+  restart: "switch",
+  "restart-delay": "value",
+  "restart-max": "value",
+  "pass-dsn": "switch",
+} as const;
+
+/** Variables that hold the database password and never reach the command without `--pass-dsn`. */
+const PASSWORD_VARIABLES = ["PGPASSWORD"] as const;
 
 /** The help of `exec`. */
 export const EXEC_HELP =
-  `Usage: pgleaderlock exec --key1 K1 --key2 K2 [options] -- COMMAND [ARGS...]
+  `Usage: pgleaderlock exec (--name NAME | --key1 K1 --key2 K2) [options] -- COMMAND [ARGS...]
 
-Runs COMMAND only while this process leads. COMMAND gets the term's fencing token and the keys
-in PGLEADERLOCK_TOKEN, PGLEADERLOCK_KEY1 and PGLEADERLOCK_KEY2; stdio is passed through, and
-signals to exec (INT, TERM, HUP, QUIT, USR2) are forwarded to COMMAND's process group. Do not
-send exec SIGUSR1: Deno (2.9.2 and later) answers it by opening its inspector on 127.0.0.1:9229.
-exec logs to stderr.
+Runs COMMAND only while this process leads. COMMAND gets the term's fencing token, the keys and
+the name in PGLEADERLOCK_TOKEN, PGLEADERLOCK_KEY1, PGLEADERLOCK_KEY2 and PGLEADERLOCK_NAME;
+stdio is passed through, and signals to exec (INT, TERM, HUP, QUIT, USR2) are forwarded to
+COMMAND's process group. Do not send exec SIGUSR1: Deno (2.9.2 and later) answers it by opening
+its inspector on 127.0.0.1:9229. exec logs to stderr.
+
+COMMAND inherits exec's environment WITHOUT the database password: PGPASSWORD is removed, and
+PG_DSN too when it holds a password. --pass-dsn passes them on. (A password in --dsn on the
+command line is visible in the process list: prefer PG_DSN, PGPASSWORD or ~/.pgpass.)
 
 When COMMAND exits, exec releases the lock and exits with COMMAND's status. When leadership is
 lost, COMMAND's process group gets SIGTERM, then SIGKILL after --kill-grace, and exec exits
@@ -73,7 +95,13 @@ Command:
                            dead before the lease lets another process lead.
                            Default: half that margin (0.5 s with the default lease).
   --restart                Keep competing: rerun COMMAND at each new term. After COMMAND exits,
-                           wait --retry-base, step down, and compete again.
+                           step down (a waiting follower takes over) and compete again; a new
+                           term starts COMMAND only once the restart delay has passed.
+  --restart-delay S        The delay before the first rerun; it doubles with each rerun, up to
+                           --restart-max, and starts over after a run that lasted at least
+                           --restart-max. Default: 1.
+  --restart-max S          The longest delay between reruns. Default: 60.
+  --pass-dsn               Pass PGPASSWORD and a PG_DSN that holds a password on to COMMAND.
 ${LOCK_FLAGS_HELP}
 
 A new leader waits kill-grace + 0.2 s after taking the lock before starting COMMAND, so that a
@@ -83,17 +111,85 @@ a watchdog process kills COMMAND when the lease runs out; if exec is killed, the
 
 Exit status: COMMAND's status (128+N when killed by signal N); ${EXIT_LOST} when leadership was lost;
 126/127 when COMMAND cannot be run or is not found; 0 after SIGINT/SIGTERM while not running
-COMMAND; 1 when connecting failed for good; 2 for a usage error.
+COMMAND; 1 when connecting failed for good; 2 for a usage error; ${EXIT_TIMEOUT} when --timeout passed
+before this process led; ${EXIT_NO_PERMISSION} when a Deno permission is missing (exec needs
+--allow-run and, unless --pass-dsn, all of --allow-env; it checks before competing).
 
 Example:
-  pgleaderlock exec --key1 5001 --key2 1 --restart -- ./scheduler --token-from-env
+  pgleaderlock exec --name scheduler --restart -- ./scheduler --token-from-env
 `;
 
-/** How one run of the command ended. */
+/** How one run of the command ended, and how long it ran (ms). */
 type Outcome =
-  | { readonly kind: "exited"; readonly status: number }
-  | { readonly kind: "lost"; readonly status: number }
-  | { readonly kind: "failed"; readonly status: number };
+  | { readonly kind: "exited"; readonly status: number; readonly ranMs: number }
+  | { readonly kind: "lost"; readonly status: number; readonly ranMs: number }
+  | { readonly kind: "failed"; readonly status: number; readonly ranMs: number };
+
+/** The command's environment: exec's own, without the password unless `--pass-dsn`. */
+export interface ChildEnvironment {
+  /** The variables, or `undefined` to inherit them unchanged. */
+  readonly env: Record<string, string> | undefined;
+  /** The variables left out. */
+  readonly removed: readonly string[];
+}
+
+/**
+ * Builds the command's environment from exec's: without `PGPASSWORD`, and without `PG_DSN` when
+ * it holds a password or cannot be parsed (so cannot be shown to hold none).
+ *
+ * @param passDsn Whether `--pass-dsn` was given: then the environment is inherited unchanged.
+ * @param environment exec's environment. @default all of `Deno.env`
+ * @returns The environment and what was left out.
+ */
+export function childEnvironment(
+  passDsn: boolean,
+  environment?: Record<string, string>,
+): ChildEnvironment {
+  if (passDsn) return { env: undefined, removed: [] };
+  const env = { ...(environment ?? Deno.env.toObject()) };
+  const removed: string[] = [];
+  for (const name of PASSWORD_VARIABLES) {
+    if (name in env) {
+      delete env[name];
+      removed.push(name);
+    }
+  }
+  const dsn = env.PG_DSN;
+  if (dsn !== undefined) {
+    let password: string | undefined;
+    try {
+      password = parseDsn(dsn).password;
+    } catch {
+      password = "";
+    }
+    if (password !== undefined) {
+      delete env.PG_DSN;
+      removed.push("PG_DSN");
+    }
+  }
+  return { env, removed };
+}
+
+/** Resolves after `ms` while `lock` leads: `true` when it still leads, `false` when it stopped. */
+function whileLeading(lock: LeaderLock, ms: number, signal: AbortSignal): Promise<boolean> {
+  if (ms <= 0 || !lock.isLeader || signal.aborted) {
+    return Promise.resolve(lock.isLeader && !signal.aborted);
+  }
+  return new Promise((resolve) => {
+    const finish = () => {
+      clearTimeout(timer);
+      lock.removeEventListener("statechange", onState);
+      signal.removeEventListener("abort", finish);
+      resolve(lock.isLeader && !signal.aborted);
+    };
+    const onState = () => {
+      if (!lock.isLeader) finish();
+    };
+    const timer = setTimeout(finish, ms);
+    lock.addEventListener("statechange", onState);
+    signal.addEventListener("abort", finish, { once: true });
+  });
+}
 
 /**
  * Runs `pgleaderlock exec`.
@@ -110,6 +206,30 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     return 0;
   }
   const settings = lockSettings("exec", flags);
+  const restartDelayText = flags.get("restart-delay");
+  const restartMaxText = flags.get("restart-max");
+  const restartDelayMs = restartDelayText === undefined
+    ? 1000
+    : seconds("exec", "restart-delay", restartDelayText, 0);
+  const restartMaxMs = restartMaxText === undefined
+    ? Math.max(60_000, restartDelayMs)
+    : seconds("exec", "restart-max", restartMaxText, 0);
+  if (restartMaxMs < restartDelayMs) {
+    throw new UsageError(
+      `option '--restart-max' must be at least '--restart-delay' (${
+        restartDelayMs / 1000
+      } s): got ${restartMaxMs / 1000} s`,
+      "exec",
+    );
+  }
+  if ((restartDelayText !== undefined || restartMaxText !== undefined) && !flags.has("restart")) {
+    throw new UsageError(
+      `option '--${
+        restartDelayText !== undefined ? "restart-delay" : "restart-max"
+      }' needs '--restart'`,
+      "exec",
+    );
+  }
   if (Deno.build.os === "windows") {
     io.stderr("pgleaderlock exec: needs process groups and signals, which Windows does not have\n");
     return 1;
@@ -145,8 +265,33 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     );
   }
   const restart = flags.has("restart");
+  const passDsn = flags.has("pass-dsn");
+  const program = rest[0]!;
+  const needs: Need[] = [
+    ...settings.needs,
+    {
+      descriptor: { name: "run", command: program },
+      flag: "--allow-run",
+      why: `to run '${program}'`,
+    },
+    {
+      descriptor: { name: "run", command: Deno.execPath() },
+      flag: "--allow-run",
+      why: `to start the watchdog (${Deno.execPath()})`,
+    },
+  ];
+  if (!passDsn) {
+    needs.push({
+      descriptor: { name: "env" },
+      flag: "--allow-env",
+      why: "to hand the command the environment without the database password (or --pass-dsn)",
+    });
+  }
+  requirePermissions("exec", needs);
+  const environment = childEnvironment(passDsn);
   const logger = new Logger({
     json: settings.json,
+    level: settings.level,
     write: io.stderr,
     redactor: settings.redactor,
   });
@@ -154,6 +299,8 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     command: rest,
     killGraceMs,
     logger,
+    env: environment.env,
+    name: settings.name,
   });
 
   const campaign = Campaign.create({
@@ -162,7 +309,13 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     logger,
     overrides: { settleMs: killGraceMs + SETTLE_SLACK_MS },
     metrics: () => supervisor.metrics(),
-  }, { killGrace: killGraceMs / 1000, restart, command: rest });
+  }, {
+    killGrace: killGraceMs / 1000,
+    restart,
+    ...(restart ? { restartDelay: restartDelayMs / 1000, restartMax: restartMaxMs / 1000 } : {}),
+    command: rest,
+    ...(environment.removed.length > 0 ? { envRemoved: environment.removed } : {}),
+  });
   if (!campaign) return 1;
   const { lock } = campaign;
 
@@ -185,10 +338,15 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
   }
   await supervisor.probe();
   let status: number | undefined;
+  // --restart: consecutive short runs, and when the next run may start at the earliest.
+  let shortRuns = 0;
+  let notBefore = 0;
   for (;;) {
     const token = await nextTerm(campaign);
     if (token === undefined || stopRequested) break;
-    const outcome = await supervisor.run(lock, token);
+    const wait = notBefore - performance.now();
+    if (wait > 0 && !(await whileLeading(lock, wait, campaign.controller.signal))) continue;
+    const outcome = await supervisor.run(lock, lock.fencingToken ?? token);
     if (outcome.kind === "failed") {
       status = outcome.status;
       break;
@@ -201,9 +359,19 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
       status = EXIT_LOST;
       break;
     }
-    // --restart: pace reruns, then let a waiting follower have a turn.
+    // --restart: back off exponentially between reruns, and let a waiting follower have a turn
+    // meanwhile. A run as long as the longest delay counts as healthy and resets the backoff.
     if (outcome.kind === "exited") {
-      await sleep(settings.retryBaseMs, [campaign.controller.signal]);
+      if (outcome.ranMs >= restartMaxMs) shortRuns = 0;
+      const delay = Math.min(restartMaxMs, restartDelayMs * 2 ** Math.min(shortRuns, 30));
+      shortRuns++;
+      notBefore = performance.now() + delay;
+      logger.event("restart", {
+        status: outcome.status,
+        ran: Math.round(outcome.ranMs) / 1000,
+        delay: delay / 1000,
+        at: new Date(Date.now() + delay),
+      });
     }
     if (lock.isLeader && !stopRequested) {
       logger.event("stepdown", {
@@ -218,6 +386,7 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
   logger.event("stopped", { status });
   if (status !== undefined) return status;
   if (stopRequested) return 0;
+  if (campaign.timedOut) return EXIT_TIMEOUT;
   if (campaign.lastLost !== undefined && !settings.options.autoReacquire) return EXIT_LOST;
   return 1;
 }
@@ -273,6 +442,10 @@ interface SupervisorOptions {
   readonly command: readonly string[];
   readonly killGraceMs: number;
   readonly logger: Logger;
+  /** The command's environment, or `undefined` to inherit exec's. */
+  readonly env: Record<string, string> | undefined;
+  /** The lock's name, when it was named. */
+  readonly name: string | undefined;
 }
 
 /** Runs the command for one term at a time, with its watchdog. */
@@ -321,17 +494,17 @@ class Supervisor {
 
   /** Runs the command for the term with `token` until it exits or leadership ends. */
   async run(lock: LeaderLock, token: bigint): Promise<Outcome> {
-    const { command, killGraceMs, logger } = this.#options;
+    const { command, killGraceMs, logger, env, name } = this.#options;
     let watchdog: WatchdogClient;
     try {
       watchdog = await WatchdogClient.spawn(killGraceMs);
     } catch (error) {
       logger.event("error", { message: `cannot start the watchdog: ${errorMessage(error)}` });
-      return { kind: "failed", status: 1 };
+      return { kind: "failed", status: 1, ranMs: 0 };
     }
     if (!lock.isLeader) {
       await watchdog.release();
-      return { kind: "lost", status: EXIT_LOST };
+      return { kind: "lost", status: EXIT_LOST, ranMs: 0 };
     }
     const [program, ...args] = command as [string, ...string[]];
     let child: Deno.ChildProcess;
@@ -339,11 +512,14 @@ class Supervisor {
       const [spawned, spawnedArgs] = withPdeathsig(this.#pdeathsig, program, args);
       child = new Deno.Command(spawned, {
         args: spawnedArgs,
+        ...(env !== undefined ? { clearEnv: true } : {}),
         env: {
+          ...env,
           PGLEADERLOCK_TOKEN: String(token),
           PGLEADERLOCK_KEY1: String(lock.key1),
           PGLEADERLOCK_KEY2: String(lock.key2),
           PGLEADERLOCK_IDENTITY: lock.identity,
+          ...(name !== undefined ? { PGLEADERLOCK_NAME: name } : {}),
         },
         stdin: "inherit",
         stdout: "inherit",
@@ -355,8 +531,9 @@ class Supervisor {
       await watchdog.release();
       const status = error instanceof Deno.errors.NotFound ? 127 : 126;
       logger.event("error", { message: `cannot run '${program}': ${errorMessage(error)}`, status });
-      return { kind: "failed", status };
+      return { kind: "failed", status, ranMs: 0 };
     }
+    const startedAt = performance.now();
     const pid = child.pid;
     this.#group = pid;
     this.#starts++;
@@ -397,6 +574,7 @@ class Supervisor {
     });
 
     const status = await child.status;
+    const ranMs = performance.now() - startedAt;
     this.#group = undefined;
     clearInterval(heartbeat);
     clearTimeout(killTimer);
@@ -413,6 +591,6 @@ class Supervisor {
     }
     await watchdog.release();
     if (ending === undefined && !lock.isLeader) ending = "leadership ended";
-    return { kind: ending === undefined ? "exited" : "lost", status: status.code };
+    return { kind: ending === undefined ? "exited" : "lost", status: status.code, ranMs };
   }
 }

@@ -5,26 +5,28 @@
  * @module
  */
 import { parseArgs, UsageError } from "./_args.ts";
-import { Campaign, onSignals, STOP_SIGNALS } from "./_campaign.ts";
-import { LOCK_FLAGS, LOCK_FLAGS_HELP, lockSettings } from "./_lock_flags.ts";
+import { aborted, Campaign, onSignals, STOP_SIGNALS } from "./_campaign.ts";
+import { EXIT_TIMEOUT, LOCK_FLAGS, LOCK_FLAGS_HELP, lockSettings } from "./_lock_flags.ts";
 import { type CliIo, Logger } from "./_output.ts";
+import { EXIT_NO_PERMISSION, requirePermissions } from "./_permissions.ts";
 
 /** Exit status when leadership was lost and `--no-auto-reacquire` stopped the campaign. */
 export const EXIT_LOST = 75;
 
 /** The help of `run`. */
-export const RUN_HELP = `Usage: pgleaderlock run --key1 K1 --key2 K2 [options]
+export const RUN_HELP = `Usage: pgleaderlock run (--name NAME | --key1 K1 --key2 K2) [options]
 
-Competes for the advisory lock (K1, K2) and logs every transition and event, one line each.
+Competes for the advisory lock and logs every transition and event, one line each.
 SIGINT or SIGTERM releases the lock and exits 0.
 
 ${LOCK_FLAGS_HELP}
 
 Exit status: 0 after SIGINT/SIGTERM; 1 when connecting failed for good; 2 for a usage error;
-${EXIT_LOST} when leadership was lost with --no-auto-reacquire.
+${EXIT_LOST} when leadership was lost with --no-auto-reacquire; ${EXIT_NO_PERMISSION} when a Deno permission is
+missing; ${EXIT_TIMEOUT} when --timeout passed before this process led.
 
 Example:
-  PG_DSN=postgres://app@db/app pgleaderlock run --key1 5001 --key2 1 --http 127.0.0.1:9464
+  PG_DSN=postgres://app@db/app pgleaderlock run --name billing-cron --http 127.0.0.1:9464
 `;
 
 /**
@@ -34,6 +36,7 @@ Example:
  * @param io Where to write.
  * @returns The exit status.
  * @throws {UsageError} When the command line is wrong.
+ * @throws {MissingPermissionError} When a permission it needs is not granted.
  */
 export async function runCommand(args: readonly string[], io: CliIo): Promise<number> {
   const { flags, rest } = parseArgs("run", args, LOCK_FLAGS);
@@ -43,7 +46,13 @@ export async function runCommand(args: readonly string[], io: CliIo): Promise<nu
   }
   if (rest.length > 0) throw new UsageError(`unexpected argument '${rest[0]}'`, "run");
   const settings = lockSettings("run", flags);
-  const logger = new Logger({ json: settings.json, write: io.stdout, redactor: settings.redactor });
+  requirePermissions("run", settings.needs);
+  const logger = new Logger({
+    json: settings.json,
+    level: settings.level,
+    write: io.stdout,
+    redactor: settings.redactor,
+  });
 
   const campaign = Campaign.create({ command: "run", settings, logger }, {
     acquireMode: settings.options.acquireMode,
@@ -66,10 +75,13 @@ export async function runCommand(args: readonly string[], io: CliIo): Promise<nu
   });
 
   const connected = await campaign.start();
-  if (connected) await Promise.race([campaign.stopped, forcedStop]);
+  if (connected) {
+    await Promise.race([campaign.stopped, forcedStop, aborted(campaign.controller.signal)]);
+  }
   await Promise.race([campaign.close(), forcedStop.then(() => campaign.close(0))]);
   logger.event("stopped", {});
   if (signalled) return 0;
+  if (campaign.timedOut) return EXIT_TIMEOUT;
   if (campaign.lastLost !== undefined && !settings.options.autoReacquire) return EXIT_LOST;
   return 1;
 }

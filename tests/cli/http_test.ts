@@ -50,15 +50,30 @@ Deno.test("--http serves /healthz, /leader and Prometheus /metrics for leader an
   const acquired = await nextEvent(a, "acquired");
   await using b = cli(["run", ...common, "--identity", "follower-b"]);
   const bUrl = String((await nextEvent(b, "http")).url);
-  await nextEvent(b, "acquirefailed");
+  await nextEvent(b, "leaderchange");
 
   deepEqual(await get(`${aUrl}/healthz`), { status: 200, body: { ok: true, state: "leader" } });
   deepEqual(await get(`${bUrl}/healthz`), { status: 200, body: { ok: true, state: "acquiring" } });
-  deepEqual(await get(`${aUrl}/leader`), {
+  const aLeader = await get(`${aUrl}/leader`);
+  const aSince = (aLeader.body as { holder?: { seenSince?: string } }).holder?.seenSince;
+  ok(aSince !== undefined && Date.parse(aSince) <= Date.now());
+  deepEqual(aLeader, {
     status: 200,
-    body: { leader: true, state: "leader", token: acquired.token, identity: "leader-a" },
+    body: {
+      leader: true,
+      state: "leader",
+      token: acquired.token,
+      identity: "leader-a",
+      key1: keys.key1,
+      key2: keys.key2,
+      holder: { pid: acquired.backendPid, identity: "leader-a", seenSince: aSince },
+    },
   });
-  equal((await get(`${bUrl}/leader`)).status, 503);
+  // The follower names the holder.
+  const bLeader = await get(`${bUrl}/leader`);
+  equal(bLeader.status, 503);
+  const holder = (bLeader.body as { holder: { pid: number; identity: string } }).holder;
+  deepEqual([holder.pid, holder.identity], [acquired.backendPid, "leader-a"]);
   equal((await get(`${aUrl}/nope`)).status, 404);
   const post = await fetch(`${aUrl}/leader`, { method: "POST" });
   await post.body?.cancel();

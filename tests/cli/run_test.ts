@@ -1,6 +1,9 @@
-import { equal, match, ok } from "node:assert/strict";
+import { deepEqual, equal, match, ok } from "node:assert/strict";
+import { lockKeys } from "../../src/lock_name.ts";
+import { freePort } from "../../src/testing/_free_port.ts";
 import { startPostgres, waitForLine } from "../../testing.ts";
-import { cli, freshKeys, nextEvent, RUN_PERMISSIONS } from "./_cli.ts";
+import { holders } from "../_helpers.ts";
+import { cli, freshKeys, jsonLines, nextEvent, RUN_PERMISSIONS } from "./_cli.ts";
 
 const FAST = [
   "--health-interval",
@@ -60,7 +63,16 @@ Deno.test("run logs every event as one JSON object per line", async () => {
   const keys = freshKeys();
   await using a = cli(["run", "--json", ...keys.args, ...FAST, "--dsn", pg.dsn]);
   await nextEvent(a, "acquired");
-  await using b = cli(["run", "--json", ...keys.args, ...FAST, "--dsn", pg.dsn]);
+  await using b = cli([
+    "run",
+    "--json",
+    "--log-level",
+    "debug",
+    ...keys.args,
+    ...FAST,
+    "--dsn",
+    pg.dsn,
+  ]);
   await nextEvent(b, "acquirefailed");
   a.kill("SIGINT");
   equal((await a.status).code, 0);
@@ -116,3 +128,108 @@ Deno.test("run exits 1 when it cannot connect for good", async () => {
 function nextLine(child: ReturnType<typeof cli>, pattern: RegExp): Promise<string> {
   return waitForLine(child, pattern, { timeoutMs: 15_000 });
 }
+
+Deno.test("run --name takes the lock whose keys lockKeys() gives the name", async () => {
+  await using pg = await startPostgres();
+  const name = `billing-cron-${crypto.randomUUID()}`;
+  const { key1, key2 } = lockKeys(name);
+  await using a = cli(["run", "--json", "--name", name, ...FAST, "--dsn", pg.dsn], {
+    permissions: RUN_PERMISSIONS,
+  });
+  const starting = await nextEvent(a, "starting");
+  deepEqual([starting.name, starting.key1, starting.key2], [name, key1, key2]);
+  const acquired = await nextEvent(a, "acquired");
+  deepEqual(await holders(pg, { key1, key2 }), [Number(acquired.backendPid)]);
+  a.kill("SIGTERM");
+  equal((await a.status).code, 0);
+});
+
+Deno.test("a waiting follower is quiet at the default level: who leads, not each wait window", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  await using a = cli(["run", "--json", ...keys.args, ...FAST, "--identity", "a", "--dsn", pg.dsn]);
+  await nextEvent(a, "acquired");
+  await using b = cli(["run", "--json", ...keys.args, ...FAST, "--dsn", pg.dsn]);
+  await using c = cli([
+    "run",
+    "--json",
+    "--log-level",
+    "debug",
+    ...keys.args,
+    ...FAST,
+    "--dsn",
+    pg.dsn,
+  ]);
+  // c logs each failed wait window at debug: wait for a few of them, so that b has had as many.
+  await nextEvent(c, (e) => e.event === "acquirefailed" && Number(e.attempt) >= 3);
+  const leaderchange = await nextEvent(b, "leaderchange");
+  equal(leaderchange.identity, "a");
+  b.kill("SIGTERM");
+  c.kill("SIGTERM");
+  equal((await b.status).code, 0);
+  equal((await c.status).code, 0);
+  const seen = jsonLines(b.stdoutText());
+  deepEqual(seen.filter((e) => e.event === "acquirefailed"), []);
+  ok(seen.every((e) => e.level === "info"), "every line of a calm follower is info");
+  ok(jsonLines(c.stdoutText()).some((e) => e.event === "acquirefailed" && e.level === "debug"));
+});
+
+Deno.test("run --timeout gives up with exit 124 while another process leads", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  await using a = cli(["run", "--json", ...keys.args, ...FAST, "--identity", "a", "--dsn", pg.dsn]);
+  const acquired = await nextEvent(a, "acquired");
+  await using b = cli([
+    "run",
+    "--json",
+    ...keys.args,
+    ...FAST,
+    "--timeout",
+    "0.5",
+    "--dsn",
+    pg.dsn,
+  ]);
+  equal((await b.status).code, 124);
+  const events = jsonLines(b.stdoutText());
+  const timeout = events.find((e) => e.event === "timeout");
+  equal(timeout?.level, "error");
+  equal(timeout?.after, 0.5);
+  equal(timeout?.holderIdentity, "a");
+  ok(!events.some((e) => e.event === "acquired"), "b never led");
+  deepEqual(await holders(pg, keys), [Number(acquired.backendPid)], "a still holds the lock");
+});
+
+Deno.test("retry lines say when the next attempt is; --log-level warn keeps only them", async () => {
+  const port = freePort();
+  const keys = freshKeys();
+  const started = Date.now();
+  await using a = cli([
+    "run",
+    "--json",
+    "--log-level",
+    "warn",
+    ...keys.args,
+    "--retry-base",
+    "0.1",
+    "--retry-max",
+    "0.2",
+    "--timeout",
+    "1",
+    "--dsn",
+    `postgres://nobody:pw-xyz@127.0.0.1:${port}/none`,
+  ]);
+  equal((await a.status).code, 124);
+  const events = jsonLines(a.stdoutText());
+  const retries = events.filter((e) => e.event === "retry");
+  ok(retries.length >= 2, a.stdoutText());
+  for (const [i, retry] of retries.entries()) {
+    equal(retry.level, "warn");
+    equal(retry.attempt, i + 1);
+    ok(Number(retry.delay) > 0 && Number(retry.delay) <= 0.2, `delay ${retry.delay}`);
+    const at = Date.parse(String(retry.at));
+    ok(at >= Date.parse(retry.time) && at >= started, "the retry is announced before it happens");
+    ok(typeof retry.error === "string" && retry.error !== "");
+  }
+  ok(events.every((e) => e.level === "warn" || e.level === "error"), a.stdoutText());
+  ok(!a.stdoutText().includes("pw-xyz"));
+});

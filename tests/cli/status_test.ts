@@ -17,10 +17,14 @@ interface LockJson {
 }
 
 /** Runs `status --json ARGS` once and returns its locks. */
-async function status(args: string[], env: Record<string, string> = {}): Promise<LockJson[]> {
+async function status(
+  args: string[],
+  env: Record<string, string> = {},
+  expectedCode = 0,
+): Promise<LockJson[]> {
   await using child = cli(["status", "--json", ...args], { env });
   const { code } = await child.status;
-  equal(code, 0, child.stderrText() + child.stdoutText());
+  equal(code, expectedCode, child.stderrText() + child.stdoutText());
   const lines = child.stdoutText().trim().split("\n");
   equal(lines.length, 1);
   const snapshot = JSON.parse(lines[0]!);
@@ -83,16 +87,16 @@ Deno.test("status shows the holder and the number waiting", async () => {
   match(
     text,
     new RegExp(
-      `\\n\\S+Z lock key1=${keys.key1} key2=${keys.key2} holder=${running.backendPid} identity=holder user=postgres client=127\\.0\\.0\\.1 since=\\S+ waiting=[0-2]\\n$`,
+      `\\n\\S+Z lock key1=${keys.key1} key2=${keys.key2} holder=${running.backendPid} identity=holder user=postgres client=127\\.0\\.0\\.1 session-since=\\S+ waiting=[0-2]\\n`,
     ),
   );
   ok(!text.includes(pg.password));
 });
 
-Deno.test("status of a free lock says so", async () => {
+Deno.test("status of a free lock says so and exits 3, as pg_ctl status does", async () => {
   await using pg = await startPostgres();
   const keys = freshKeys();
-  const [lock] = await status([...keys.args, "--dsn", pg.dsn]);
+  const [lock] = await status([...keys.args, "--dsn", pg.dsn], {}, 3);
   equal(lock?.holder, null);
   equal(lock?.waiting, 0);
 });
