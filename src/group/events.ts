@@ -1,0 +1,235 @@
+/**
+ * The events a {@linkcode LeaderGroup} dispatches, one `Event` subclass per type, and the error
+ * that ends a shard's term.
+ *
+ * @module
+ */
+import { PgLeaderLockError } from "../errors.ts";
+
+/** Why a shard's term ended without this member choosing to give it up. */
+export type ShardLostReason =
+  /** The database session ended (backend killed, server restarted, network error). */
+  | "session-ended"
+  /** An ownership check found that this session no longer holds the shard's lock. */
+  | "not-held"
+  /** No statement succeeded within the lease; the session was closed. */
+  | "lease-expired";
+
+/** Why a shard's term ended on purpose. */
+export type ShardReleaseReason =
+  /** The balanced assignment gives the shard to another member: it is handed over. */
+  | "rebalance"
+  /** `shutdown()` (or the `signal` option) ended the group. */
+  | "shutdown";
+
+/** The `reason` of a shard term's signal: which shard, and why its term ended. */
+export class ShardTermEndedError extends PgLeaderLockError {
+  /** The shard's key2. */
+  readonly key2: number;
+  /** The fencing token of the term that ended. */
+  readonly fencingToken: bigint;
+  /** Why it ended. */
+  readonly reason: ShardLostReason | ShardReleaseReason;
+
+  /**
+   * Creates the error.
+   *
+   * @param key1 The group's key1 (for the message).
+   * @param key2 The shard.
+   * @param fencingToken The term's token.
+   * @param reason Why the term ended.
+   * @param cause The underlying error, if any.
+   */
+  constructor(
+    key1: number,
+    key2: number,
+    fencingToken: bigint,
+    reason: ShardLostReason | ShardReleaseReason,
+    cause?: unknown,
+  ) {
+    super(
+      `The term ${fencingToken} of shard (${key1}, ${key2}) ended: ${reason}`,
+      cause === undefined ? undefined : { cause },
+    );
+    this.name = "ShardTermEndedError";
+    this.key2 = key2;
+    this.fencingToken = fencingToken;
+    this.reason = reason;
+  }
+}
+
+/** Dispatched when this member starts leading a shard: a new term with its own token and signal. */
+export class ShardAcquiredEvent extends Event {
+  /** The shard's key2. */
+  readonly key2: number;
+  /** The fencing token of this term: greater than every earlier term's token of this shard. */
+  readonly fencingToken: bigint;
+  /**
+   * Aborted the moment this term ends, for any reason, with a {@linkcode ShardTermEndedError}:
+   * before a release is sent, when the session is lost, when the lease runs out.
+   */
+  readonly signal: AbortSignal;
+
+  /**
+   * Creates the event.
+   *
+   * @param key2 The shard.
+   * @param fencingToken The term's token.
+   * @param signal The term's signal.
+   */
+  constructor(key2: number, fencingToken: bigint, signal: AbortSignal) {
+    super("acquired");
+    this.key2 = key2;
+    this.fencingToken = fencingToken;
+    this.signal = signal;
+  }
+}
+
+/**
+ * Dispatched when this member gives a shard up on purpose (a rebalance or shutdown). It stops
+ * counting itself leader (the signal is aborted) before the unlock is sent.
+ */
+export class ShardReleasedEvent extends Event {
+  /** The shard's key2. */
+  readonly key2: number;
+  /** The fencing token of the term that ended. */
+  readonly fencingToken: bigint;
+  /** The term's signal, already aborted. */
+  readonly signal: AbortSignal;
+  /** Why the shard was released. */
+  readonly reason: ShardReleaseReason;
+
+  /**
+   * Creates the event.
+   *
+   * @param key2 The shard.
+   * @param fencingToken The term's token.
+   * @param signal The term's (aborted) signal.
+   * @param reason Why.
+   */
+  constructor(
+    key2: number,
+    fencingToken: bigint,
+    signal: AbortSignal,
+    reason: ShardReleaseReason,
+  ) {
+    super("released");
+    this.key2 = key2;
+    this.fencingToken = fencingToken;
+    this.signal = signal;
+    this.reason = reason;
+  }
+}
+
+/** Dispatched when a shard's term ended without this member choosing it. */
+export class ShardLostEvent extends Event {
+  /** The shard's key2. */
+  readonly key2: number;
+  /** The fencing token of the term that ended. */
+  readonly fencingToken: bigint;
+  /** The term's signal, already aborted. */
+  readonly signal: AbortSignal;
+  /** Why the term ended. */
+  readonly reason: ShardLostReason;
+  /** The error behind the loss, if any. */
+  readonly error: unknown;
+
+  /**
+   * Creates the event.
+   *
+   * @param key2 The shard.
+   * @param fencingToken The term's token.
+   * @param signal The term's (aborted) signal.
+   * @param reason Why.
+   * @param error The underlying error.
+   */
+  constructor(
+    key2: number,
+    fencingToken: bigint,
+    signal: AbortSignal,
+    reason: ShardLostReason,
+    error: unknown,
+  ) {
+    super("lost");
+    this.key2 = key2;
+    this.fencingToken = fencingToken;
+    this.signal = signal;
+    this.reason = reason;
+    this.error = error;
+  }
+}
+
+/** Dispatched when the set of live members this member sees changes (including its own join). */
+export class MembershipChangeEvent extends Event {
+  /** The member ids seen, ascending (this member's own id among them). */
+  readonly members: readonly number[];
+  /** How many shards the balanced assignment gives this member now. */
+  readonly share: number;
+
+  /**
+   * Creates the event.
+   *
+   * @param members The member ids.
+   * @param share This member's share.
+   */
+  constructor(members: readonly number[], share: number) {
+    super("membershipchange");
+    this.members = members;
+    this.share = share;
+  }
+}
+
+/**
+ * Dispatched after every successful ownership check: every shard this member leads is proven
+ * held, and the lease of all of them runs to {@linkcode deadline}.
+ */
+export class GroupRenewedEvent extends Event {
+  /** The shards proven held (key2 values). */
+  readonly shards: number;
+  /** When the lease runs out unless renewed, on `performance.now()`'s clock. */
+  readonly deadline: number;
+
+  /**
+   * Creates the event.
+   *
+   * @param shards How many shards were proven held.
+   * @param deadline The new lease deadline (`performance.now()` clock).
+   */
+  constructor(shards: number, deadline: number) {
+    super("renewed");
+    this.shards = shards;
+    this.deadline = deadline;
+  }
+}
+
+/** A failure in the background: a connection that failed, a listener that threw. */
+export class GroupErrorEvent extends Event {
+  /** What went wrong. */
+  readonly error: unknown;
+
+  /**
+   * Creates the event.
+   *
+   * @param error What went wrong.
+   */
+  constructor(error: unknown) {
+    super("error");
+    this.error = error;
+  }
+}
+
+/** The events of a {@linkcode LeaderGroup} by type, for typed listeners. */
+export interface LeaderGroupEventMap {
+  /** A shard's term began. */
+  acquired: ShardAcquiredEvent;
+  /** A shard was given up on purpose. */
+  released: ShardReleasedEvent;
+  /** A shard's term ended without this member choosing it. */
+  lost: ShardLostEvent;
+  /** The live members changed. */
+  membershipchange: MembershipChangeEvent;
+  /** The lease of every held shard was renewed. */
+  renewed: GroupRenewedEvent;
+  /** A background failure. */
+  error: GroupErrorEvent;
+}

@@ -1,0 +1,554 @@
+/**
+ * The loop of one {@linkcode LeaderGroup} member: one session, one statement at a time.
+ *
+ * Every health interval the member runs one tick:
+ * 1. OBSERVE (one read of pg_locks): proves every held shard still held, reads the live members
+ *    and which shards others hold. Success renews the lease of every held shard at once.
+ * 2. Computes the balanced assignment for the members it sees (balance.ts).
+ * 3. Hands over the shards it holds that the assignment gives to another member: ends their
+ *    terms (signal aborted, `released`), then unlocks them in one statement.
+ * 4. Try-locks the free shards the assignment gives it, plus free shards nobody took for
+ *    `adoptAfterTicks` ticks (up to its fair share), in one statement; announces them after
+ *    `settleMs`.
+ * 5. While a shard the assignment gives it is still held by another member, try-locks those
+ *    every `handoverPollMs` until the next tick, so a handover leaves the shard without a leader
+ *    for about one poll period instead of one health interval.
+ *
+ * Nothing ever waits in PostgreSQL's lock queue, so no statement needs a client-side timeout on a
+ * lock wait; each statement is bounded by the lease (the session is closed when it passes).
+ *
+ * @module
+ */
+import { ConnectionError, LockError, PgLeaderLockError } from "../errors.ts";
+import { Lease } from "../lease.ts";
+import type { RetryStrategy } from "../retry.ts";
+import type { LockSession, SessionConnector } from "../session.ts";
+import { DeadlineError, sleep, withDeadline } from "./_async.ts";
+import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
+import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
+import { ShardTermEndedError } from "./events.ts";
+import { acquire, join, leave, type MemberRow, observe, release, setUp } from "./protocol.ts";
+
+/** Everything the member needs, validated. */
+export interface MemberConfig {
+  readonly key1: number;
+  /** Distinct key2 values, ascending. */
+  readonly shards: readonly number[];
+  readonly healthIntervalMs: number;
+  readonly leaseMs: number;
+  readonly settleMs: number;
+  readonly handoverPollMs: number;
+  readonly adoptAfterTicks: number;
+  readonly retryStrategy: RetryStrategy;
+  readonly connect: SessionConnector;
+  readonly settings: Record<string, string>;
+  readonly clock: () => number;
+  /** The member id to claim first (a random uint32). */
+  readonly memberId: number;
+}
+
+/** What the member reports, in order, as it happens. */
+export interface MemberObserver {
+  acquired(key2: number, token: bigint, signal: AbortSignal): void;
+  released(key2: number, token: bigint, signal: AbortSignal, reason: ShardReleaseReason): void;
+  lost(
+    key2: number,
+    token: bigint,
+    signal: AbortSignal,
+    reason: ShardLostReason,
+    error: unknown,
+  ): void;
+  membership(members: readonly number[], target: number): void;
+  renewed(shards: number, deadline: number): void;
+  error(error: unknown): void;
+  /** The member lock is held (after every (re)join). */
+  joined(): void;
+}
+
+interface Term {
+  readonly token: bigint;
+  readonly controller: AbortController;
+}
+
+/** The session ended under the member. */
+class SessionEnded extends Error {
+  constructor(cause: unknown) {
+    super("The database session ended", { cause });
+    this.name = "SessionEnded";
+  }
+}
+
+/** No statement succeeded within the lease. */
+class LeaseExpired extends Error {
+  constructor(cause?: unknown) {
+    super("No statement succeeded within the lease", { cause });
+    this.name = "LeaseExpired";
+  }
+}
+
+/** Bound on a polite session end when stopping. */
+const END_TIMEOUT_MS = 1000;
+/** How many tries to find a free member id. */
+const JOIN_TRIES = 8;
+/** How many ticks an adopted shard is kept before it is handed to its assigned member. */
+const ADOPTED_HOLD_TICKS = 3;
+
+/** One member's run, from start to stop. */
+export class GroupMember {
+  readonly #config: MemberConfig;
+  readonly #observer: MemberObserver;
+  readonly #lease: Lease;
+  readonly #stop = new AbortController();
+  readonly #terms = new Map<number, Term>();
+  /** Shards taken by a statement but not announced yet (settling). */
+  #unannounced: number[] = [];
+  #session: LockSession | undefined;
+  #sessionLost: AbortSignal = AbortSignal.abort();
+  #backendPid = 0;
+  #memberId: number;
+  #joined = false;
+  #assignment: Assignment | undefined;
+  #membersKey = "";
+  #tick = 0;
+  /** key2 -> consecutive ticks it was seen free. */
+  readonly #freeStreak = new Map<number, number>();
+  /** key2 -> the tick until which an adopted shard is kept. */
+  readonly #adoptedUntil = new Map<number, number>();
+  /** key2 -> when it was first seen assigned here but held by another session. */
+  readonly #pendingSince = new Map<number, number>();
+  #fatal: unknown;
+
+  /**
+   * Creates a member that has not started.
+   *
+   * @param config The validated configuration.
+   * @param observer Receives events.
+   */
+  constructor(config: MemberConfig, observer: MemberObserver) {
+    this.#config = config;
+    this.#observer = observer;
+    this.#lease = new Lease(config.leaseMs, config.clock);
+    this.#memberId = config.memberId >>> 0;
+  }
+
+  /** The shards led now: held with a lease that has not run out, checked when read. */
+  get leading(): ReadonlySet<number> {
+    if (!this.#lease.valid) return new Set();
+    return new Set(this.#terms.keys());
+  }
+
+  /**
+   * The token of a shard's current term, while leading it.
+   *
+   * @param key2 The shard.
+   * @returns The token or `undefined`.
+   */
+  tokenOf(key2: number): bigint | undefined {
+    return this.#lease.valid ? this.#terms.get(key2)?.token : undefined;
+  }
+
+  /**
+   * The signal of a shard's current term, while leading it.
+   *
+   * @param key2 The shard.
+   * @returns The signal or `undefined`.
+   */
+  signalOf(key2: number): AbortSignal | undefined {
+    return this.#lease.valid ? this.#terms.get(key2)?.controller.signal : undefined;
+  }
+
+  /** This member's id while joined, else `undefined`. */
+  get memberId(): number | undefined {
+    return this.#joined ? this.#memberId : undefined;
+  }
+
+  /** The member ids seen at the last tick. */
+  get members(): readonly number[] {
+    return this.#assignment?.members ?? [];
+  }
+
+  /** The backend pid of the session (0 without one). */
+  get backendPid(): number {
+    return this.#session?.isEnded === false ? this.#backendPid : 0;
+  }
+
+  /** Milliseconds of lease left (0 when expired or holding nothing). */
+  get leaseRemainingMs(): number {
+    return this.#terms.size > 0 ? this.#lease.remainingMs : 0;
+  }
+
+  /** What stopped the run when connecting failed for good. */
+  get fatalError(): unknown {
+    return this.#fatal;
+  }
+
+  /** Asks the loop to stop: held shards are released, the session closed. */
+  stop(): void {
+    this.#stop.abort();
+  }
+
+  /** Closes the socket at once (a shutdown that timed out). */
+  destroySession(): void {
+    this.#session?.destroy();
+  }
+
+  /**
+   * Runs until stopped or until connecting fails for good. Never rejects.
+   *
+   * @returns Settles with everything released and closed.
+   */
+  async run(): Promise<void> {
+    let failures = 0;
+    let firstFailureAt = 0;
+    try {
+      while (!this.#stop.signal.aborted) {
+        let error: unknown;
+        let joinedThisRound = false;
+        try {
+          await this.#open();
+          joinedThisRound = true;
+          failures = 0;
+          this.#observer.joined();
+          await this.#ticks();
+          return;
+        } catch (e) {
+          error = e;
+        }
+        this.#loseAll(error instanceof LeaseExpired ? "lease-expired" : "session-ended", error);
+        this.#closeNow();
+        if (this.#stop.signal.aborted) return;
+        if (!(error instanceof SessionEnded)) this.#observer.error(wrap(error));
+        if (isPermanent(error)) {
+          this.#fatal = wrap(error);
+          return;
+        }
+        // A working session that ended reconnects at once; repeated failures are paced.
+        if (joinedThisRound && (error instanceof SessionEnded || error instanceof LeaseExpired)) {
+          continue;
+        }
+        if (failures === 0) firstFailureAt = this.#config.clock();
+        failures++;
+        let delay = this.#config.retryStrategy.nextDelayMs({
+          attempt: failures,
+          elapsedMs: this.#config.clock() - firstFailureAt,
+          lastError: error,
+        });
+        if (delay !== null && !(Number.isFinite(delay) && delay >= 0)) delay = 1000;
+        if (delay === null) {
+          this.#fatal = new ConnectionError(
+            `Gave up connecting after ${failures} attempts: the retry strategy returned null`,
+            { cause: error, attempts: failures },
+          );
+          this.#observer.error(this.#fatal);
+          return;
+        }
+        await sleep(Math.min(delay, 2 ** 31 - 1), [this.#stop.signal]);
+      }
+    } catch (error) {
+      // A bug guard: the loop itself must never reject.
+      this.#observer.error(error);
+    } finally {
+      await this.#leaveAndClose();
+    }
+  }
+
+  // --- session ------------------------------------------------------------------------------
+
+  async #open(): Promise<void> {
+    const session = await this.#config.connect(this.#stop.signal, this.#config.settings);
+    const lost = new AbortController();
+    this.#session = session;
+    this.#sessionLost = lost.signal;
+    session.ended.then((error) => {
+      if (this.#session !== session) return;
+      // At once, not at the loop's next step: every term's signal aborts as soon as the
+      // driver reports the end of the session.
+      this.#loseAll("session-ended", error);
+      lost.abort(new SessionEnded(error));
+    });
+    const { backendPid } = await this.#query((s) => setUp(s, this.#config.settings));
+    this.#backendPid = backendPid;
+    for (let i = 0; i < JOIN_TRIES; i++) {
+      if (await this.#query((s) => join(s, this.#config.key1, this.#memberId))) {
+        this.#joined = true;
+        return;
+      }
+      // Another session has this id (perhaps our own previous one, not yet gone).
+      this.#memberId = randomMemberId();
+    }
+    throw new PgLeaderLockError(`No free member id in group ${this.#config.key1}`);
+  }
+
+  #closeNow(): void {
+    const session = this.#session;
+    this.#session = undefined;
+    this.#joined = false;
+    this.#unannounced = [];
+    session?.destroy();
+  }
+
+  async #leaveAndClose(): Promise<void> {
+    const session = this.#session;
+    this.#releaseTerms([...this.#terms.keys()], "shutdown");
+    if (session && !session.isEnded) {
+      try {
+        const held = [...new Set([...this.#released, ...this.#unannounced])];
+        this.#released = [];
+        if (held.length > 0) {
+          await withDeadline(release(session, this.#config.key1, held), END_TIMEOUT_MS);
+        }
+        if (this.#joined) {
+          await withDeadline(leave(session, this.#config.key1, this.#memberId), END_TIMEOUT_MS);
+        }
+      } catch {
+        // Closing the session releases everything anyway.
+      }
+    }
+    this.#session = undefined;
+    this.#joined = false;
+    this.#lease.revoke();
+    if (session) await session.end(END_TIMEOUT_MS);
+  }
+
+  /**
+   * Runs one statement, bounded by the lease while shards are held (by the lease length
+   * otherwise). Never used for a statement that waits for a lock.
+   */
+  async #query<T>(run: (session: LockSession) => Promise<T>): Promise<T> {
+    const session = this.#session;
+    if (!session || session.isEnded || this.#sessionLost.aborted) {
+      throw new SessionEnded(undefined);
+    }
+    const bound = this.#terms.size > 0 ? this.#lease.remainingMs : this.#config.leaseMs;
+    if (bound <= 0) throw new LeaseExpired();
+    try {
+      return await withDeadline(run(session), bound);
+    } catch (error) {
+      if (session.isEnded || this.#sessionLost.aborted) throw new SessionEnded(error);
+      if (error instanceof DeadlineError) throw new LeaseExpired(error);
+      throw error;
+    }
+  }
+
+  // --- ticks --------------------------------------------------------------------------------
+
+  async #ticks(): Promise<void> {
+    const { key1, shards, healthIntervalMs, handoverPollMs, clock } = this.#config;
+    while (!this.#stop.signal.aborted) {
+      const sentAt = clock();
+      const seen = await this.#query((s) => observe(s, key1));
+      this.#renew(sentAt);
+      this.#tick++;
+      const mine = new Set(seen.mine);
+      for (const key2 of [...this.#terms.keys()]) {
+        if (!mine.has(key2)) this.#endTerm(key2, "lost", "not-held", undefined);
+      }
+      const me = seen.members.find((m) => m.memberId === this.#memberId);
+      if (!me || me.pid !== seen.backendPid) {
+        throw new PgLeaderLockError(
+          `The member lock of ${this.#memberId} in group ${key1} is not held by this session`,
+        );
+      }
+      this.#observer.renewed(this.#terms.size, this.#lease.deadline);
+      const assignment = this.#assign(seen.members);
+      const target = new Set(assignment.byMember.get(this.#memberId) ?? []);
+      const others = new Set(seen.others);
+
+      // Locks this session holds without a term (a statement that failed half-way): unlock.
+      const stray = seen.mine.filter((k) => !this.#terms.has(k));
+      const handOver = [...this.#terms.keys()].filter((k) =>
+        !target.has(k) && (this.#adoptedUntil.get(k) ?? 0) <= this.#tick
+      );
+      this.#releaseTerms(handOver, "rebalance");
+      const toUnlock = [...this.#released, ...stray];
+      this.#released = [];
+      if (toUnlock.length > 0) await this.#unlock(toUnlock);
+
+      const free: number[] = [];
+      for (const k of shards) {
+        if (mine.has(k) || others.has(k)) this.#freeStreak.delete(k);
+        else {
+          free.push(k);
+          this.#freeStreak.set(k, (this.#freeStreak.get(k) ?? 0) + 1);
+        }
+      }
+      const wanted = free.filter((k) => target.has(k));
+      const { max } = fairShare(shards.length, assignment.members.length);
+      const room = max - (this.#terms.size + wanted.length);
+      const adopt = room <= 0 ? [] : free
+        .filter((k) =>
+          !target.has(k) && (this.#freeStreak.get(k) ?? 0) >= this.#config.adoptAfterTicks
+        )
+        .sort((a, b) => score(b, this.#memberId) - score(a, this.#memberId))
+        .slice(0, room);
+      for (const k of adopt) this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
+      await this.#acquire([...wanted, ...adopt]);
+
+      // Shards assigned here that another session still holds: poll for their release until
+      // the next tick (for at most two health intervals after they were first seen so).
+      const now = clock();
+      for (const k of [...this.#pendingSince.keys()]) {
+        if (!target.has(k) || !others.has(k)) this.#pendingSince.delete(k);
+      }
+      for (const k of target) {
+        if (others.has(k) && !this.#pendingSince.has(k)) this.#pendingSince.set(k, now);
+      }
+      const nextTick = sentAt + healthIntervalMs;
+      let pending = [...this.#pendingSince.entries()]
+        .filter(([, since]) => now - since < 2 * healthIntervalMs)
+        .map(([k]) => k);
+      while (pending.length > 0 && clock() + handoverPollMs < nextTick) {
+        await sleep(handoverPollMs, [this.#stop.signal, this.#sessionLost]);
+        if (this.#stop.signal.aborted) return;
+        const got = new Set(await this.#acquire(pending));
+        for (const k of got) this.#pendingSince.delete(k);
+        pending = pending.filter((k) => !got.has(k) && !this.#terms.has(k));
+      }
+      await sleep(nextTick - clock(), [this.#stop.signal, this.#sessionLost]);
+      if (this.#sessionLost.aborted && !this.#stop.signal.aborted) {
+        throw new SessionEnded(this.#sessionLost.reason);
+      }
+    }
+  }
+
+  /** Shards whose terms ended by release and that still need their unlock. */
+  #released: number[] = [];
+
+  #renew(sentAt: number): void {
+    this.#lease.renew(sentAt);
+    if (this.#terms.size > 0 && !this.#lease.valid) throw new LeaseExpired();
+  }
+
+  #assign(members: readonly MemberRow[]): Assignment {
+    const ids = members.map((m) => m.memberId).sort((a, b) => a - b);
+    const key = ids.join(",");
+    if (this.#assignment === undefined || key !== this.#membersKey) {
+      this.#assignment = assignShards(this.#config.shards, ids);
+      this.#membersKey = key;
+      this.#observer.membership(
+        this.#assignment.members,
+        this.#assignment.byMember.get(this.#memberId)?.length ?? 0,
+      );
+    }
+    return this.#assignment;
+  }
+
+  async #unlock(keys: number[]): Promise<void> {
+    const notHeld = await this.#query((s) => release(s, this.#config.key1, keys));
+    if (notHeld.length > 0) {
+      this.#observer.error(
+        new LockError(
+          `pg_advisory_unlock returned false for shards ${
+            notHeld.join(", ")
+          } of group ${this.#config.key1}: they were not held`,
+          { key1: this.#config.key1, key2: notHeld[0]! },
+        ),
+      );
+    }
+  }
+
+  /** Try-locks `keys`; announces what it took after the settle. Returns what it took. */
+  async #acquire(keys: readonly number[]): Promise<number[]> {
+    const todo = keys.filter((k) => !this.#terms.has(k));
+    if (todo.length === 0) return [];
+    const { key1, settleMs, clock } = this.#config;
+    const sentAt = clock();
+    const got = await this.#query((s) => acquire(s, key1, todo));
+    this.#lease.renew(sentAt);
+    if (got.token === undefined || got.shards.length === 0) return [];
+    this.#unannounced = [...got.shards];
+    // A shard whose previous holder's session died (killed backend) may still be claimed by that
+    // holder until its socket reports the end: wait before announcing.
+    if (settleMs > 0) await sleep(settleMs, [this.#stop.signal, this.#sessionLost]);
+    if (this.#sessionLost.aborted) throw new SessionEnded(this.#sessionLost.reason);
+    if (this.#stop.signal.aborted) return []; // released by the shutdown, never announced
+    if (!this.#lease.valid) throw new LeaseExpired();
+    this.#unannounced = [];
+    for (const key2 of got.shards) {
+      const controller = new AbortController();
+      this.#terms.set(key2, { token: got.token, controller });
+      this.#observer.acquired(key2, got.token, controller.signal);
+    }
+    return [...got.shards];
+  }
+
+  /** Ends the terms of `keys` on purpose; their unlock is queued in #released. */
+  #releaseTerms(keys: readonly number[], reason: ShardReleaseReason): void {
+    for (const key2 of keys) {
+      if (this.#endTerm(key2, "released", reason, undefined)) this.#released.push(key2);
+    }
+  }
+
+  #loseAll(reason: ShardLostReason, error: unknown): void {
+    this.#lease.revoke();
+    for (const key2 of [...this.#terms.keys()]) this.#endTerm(key2, "lost", reason, error);
+    this.#released = [];
+  }
+
+  #endTerm(
+    key2: number,
+    kind: "released" | "lost",
+    reason: ShardReleaseReason | ShardLostReason,
+    error: unknown,
+  ): boolean {
+    const term = this.#terms.get(key2);
+    if (!term) return false;
+    this.#terms.delete(key2);
+    this.#adoptedUntil.delete(key2);
+    const cause = error instanceof DeadlineError || error instanceof LeaseExpired
+      ? undefined
+      : error;
+    term.controller.abort(
+      new ShardTermEndedError(this.#config.key1, key2, term.token, reason, cause),
+    );
+    if (kind === "released") {
+      this.#observer.released(
+        key2,
+        term.token,
+        term.controller.signal,
+        reason as ShardReleaseReason,
+      );
+    } else {
+      this.#observer.lost(
+        key2,
+        term.token,
+        term.controller.signal,
+        reason as ShardLostReason,
+        cause === undefined ? undefined : wrap(cause),
+      );
+    }
+    return true;
+  }
+}
+
+/**
+ * A random member id (uint32).
+ *
+ * @returns The id.
+ */
+export function randomMemberId(): number {
+  return crypto.getRandomValues(new Uint32Array(1))[0]!;
+}
+
+function sqlState(error: unknown): string | undefined {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" ? code : undefined;
+}
+
+/** Errors retrying cannot fix: authentication, unknown database, a permanent ConnectionError. */
+function isPermanent(error: unknown): boolean {
+  if (error instanceof ConnectionError) return error.permanent;
+  const code = sqlState(error);
+  return code !== undefined && (code.startsWith("28") || code === "3D000");
+}
+
+/** Everything the group reports is a PgLeaderLockError; the driver's error is its cause. */
+function wrap(error: unknown): PgLeaderLockError {
+  if (error instanceof PgLeaderLockError) return error;
+  if (error instanceof SessionEnded) {
+    return new PgLeaderLockError("The database session ended", { cause: error.cause });
+  }
+  const code = sqlState(error);
+  const detail = error instanceof Error ? error.message : String(error);
+  return new PgLeaderLockError(`${detail}${code ? ` (SQLSTATE ${code})` : ""}`, { cause: error });
+}

@@ -1,0 +1,412 @@
+/**
+ * Every SQL statement a {@linkcode LeaderGroup} member runs, written out whole, and the small
+ * functions that run them and read their rows.
+ *
+ * Keys, as pg_locks shows them (database = the current database, locktype 'advisory', granted):
+ * - a shard is the two-int4 lock (key1, key2): classid = key1 as an unsigned oid, objid = key2
+ *   as an unsigned oid, objsubid = 2, held exclusively by the member that leads it;
+ * - a member is the bigint lock (key1 << 32) | memberId: classid = key1, objid = memberId (a
+ *   random uint32 chosen by the member), objsubid = 1. The bigint form is a separate key space
+ *   from the two-int4 form, so membership never collides with a shard of any key1.
+ *
+ * Hardening: every function, view, operator and type is schema-qualified (`pg_catalog.`), every
+ * parameter carries an explicit type, and the session pins `search_path`, `statement_timeout`,
+ * `lock_timeout` and the idle timeouts itself ({@linkcode SETUP}), so that no object or setting a
+ * role or database defines can change what these statements do.
+ *
+ * @module
+ */
+import type { LockSession } from "../session.ts";
+
+/**
+ * Pins the session's settings and reads the server version and backend pid. `$1` is a JSON
+ * object of setting name -> value; settings the server does not have (idle_session_timeout
+ * before PostgreSQL 14) are skipped.
+ */
+export const SETUP = `
+SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS server_version,
+       pg_catalog.pg_backend_pid() AS backend_pid,
+       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
+          FROM pg_catalog.json_each_text($1::pg_catalog.json) AS v
+          JOIN pg_catalog.pg_settings AS s ON s.name OPERATOR(pg_catalog.=) v.key
+       )::pg_catalog.int4 AS applied`;
+
+/** Joins the group: try-locks the member lock `$1` = (key1 << 32) | memberId (bigint form). */
+export const JOIN = `
+SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8) AS joined`;
+
+/**
+ * The tick: in one read of pg_locks, the ownership proof of every shard this session holds
+ * (`mine`), the shards other sessions hold (`others`), and the live members as
+ * `memberId:pid` pairs (`members`), for group key1 = `$1`. Lists are comma-separated text (one
+ * value each, cheap to parse for 10,000 shards).
+ */
+export const OBSERVE = `
+SELECT pg_catalog.pg_backend_pid() AS backend_pid,
+       pg_catalog.array_to_string(pg_catalog.array_agg(l.objid) FILTER (
+         WHERE l.objsubid OPERATOR(pg_catalog.=) 2
+           AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()), ',') AS mine,
+       pg_catalog.array_to_string(pg_catalog.array_agg(l.objid) FILTER (
+         WHERE l.objsubid OPERATOR(pg_catalog.=) 2
+           AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()), ',') AS others,
+       pg_catalog.array_to_string(pg_catalog.array_agg(
+           l.objid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+             OPERATOR(pg_catalog.||) l.pid::pg_catalog.text
+           ORDER BY l.objid) FILTER (
+         WHERE l.objsubid OPERATOR(pg_catalog.=) 1
+           AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'), ',') AS members
+  FROM pg_catalog.pg_locks AS l
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.database OPERATOR(pg_catalog.=) (
+         SELECT d.oid FROM pg_catalog.pg_database AS d
+          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+   AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+   AND l.granted`;
+
+/**
+ * Try-locks the shards (key1 = `$1`, key2 in `$2`) without waiting, skipping any this session
+ * holds already (a second lock would need a second unlock). Only when at least one was taken
+ * does the same statement take the fencing token: it forces a transaction id and makes it
+ * durable on the local server (a transactional WAL message under `synchronous_commit = local`,
+ * never waiting for a standby), and reads the WAL file name, whose first 8 hex digits are the
+ * timeline. Every try-lock runs before the token is read: the aggregate consumes the whole
+ * `attempt` CTE first.
+ */
+export const ACQUIRE = `
+WITH held AS MATERIALIZED (
+  SELECT l.objid
+    FROM pg_catalog.pg_locks AS l
+   WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+     AND l.database OPERATOR(pg_catalog.=) (
+           SELECT d.oid FROM pg_catalog.pg_database AS d
+            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+     AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+     AND l.objsubid OPERATOR(pg_catalog.=) 2
+     AND l.granted
+     AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+), attempt AS MATERIALIZED (
+  SELECT k.key2,
+         CASE WHEN k.key2::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (SELECT h.objid FROM held AS h)
+              THEN false
+              ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, k.key2) END AS ok
+    FROM pg_catalog.unnest($2::pg_catalog.int4[]) AS k(key2)
+)
+SELECT pg_catalog.array_to_string(pg_catalog.array_agg(a.key2) FILTER (WHERE a.ok), ',')
+         AS acquired,
+       CASE WHEN pg_catalog.bool_or(a.ok) THEN
+         CASE WHEN pg_catalog.set_config('synchronous_commit', 'local', true) IS NOT NULL
+               AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
+              THEN pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()) END
+       END AS walfile,
+       CASE WHEN pg_catalog.bool_or(a.ok)
+            THEN pg_catalog.pg_current_xact_id()::pg_catalog.text END AS xid
+  FROM attempt AS a`;
+
+/**
+ * Unlocks the shards (key1 = `$1`, key2 in `$2`) and returns those that were not held. The
+ * comment shows in pg_stat_activity while it runs, for whoever watches the group.
+ */
+export const RELEASE = `/* pgleaderlock group release */
+SELECT pg_catalog.array_to_string(pg_catalog.array_agg(u.key2) FILTER (WHERE NOT u.ok), ',')
+         AS not_held
+  FROM (SELECT k.key2, pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, k.key2) AS ok
+          FROM pg_catalog.unnest($2::pg_catalog.int4[]) AS k(key2)) AS u`;
+
+/** Leaves the group: unlocks the member lock `$1` (bigint form). */
+export const LEAVE = `
+SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) AS left_group`;
+
+/**
+ * What anyone with CONNECT can see of group key1 = `$1`: every granted lock of the group with
+ * its form (objsubid 1 = member, 2 = shard), key, holder pid and the holder's application_name
+ * (visible for other roles' sessions too).
+ */
+export const INSPECT = `
+SELECT l.objsubid::pg_catalog.int4 AS form, l.objid::pg_catalog.int8 AS objid,
+       l.pid, a.application_name
+  FROM pg_catalog.pg_locks AS l
+  LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid OPERATOR(pg_catalog.=) l.pid
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.database OPERATOR(pg_catalog.=) (
+         SELECT d.oid FROM pg_catalog.pg_database AS d
+          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+   AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+   AND l.granted
+   AND l.objsubid OPERATOR(pg_catalog.=) ANY ('{1,2}'::pg_catalog.int2[])
+ ORDER BY 1, 2`;
+
+/** Per-session settings a member pins, all settable by a plain role. */
+export interface MemberSettingsInput {
+  /** application_name: what others see of this member. */
+  readonly identity: string;
+  /** The lease: the server ends a session idle for this long. */
+  readonly leaseMs: number;
+}
+
+/**
+ * The settings {@linkcode SETUP} applies. The lease (`idle_session_timeout`) is armed for the
+ * whole session: a member runs a statement every health interval, so only a member that stopped
+ * (frozen, partitioned) goes idle that long, and then its shards and its membership go with it.
+ *
+ * @param input Identity and lease.
+ * @returns Setting name -> value.
+ */
+export function memberSettings(input: MemberSettingsInput): Record<string, string> {
+  const { identity, leaseMs } = input;
+  const leaseS = Math.max(1, Math.floor(leaseMs / 1000));
+  const idleS = Math.max(1, Math.floor(leaseS / 3));
+  return {
+    application_name: identity,
+    search_path: "pg_catalog, pg_temp",
+    statement_timeout: "0",
+    lock_timeout: "0",
+    idle_session_timeout: `${Math.round(leaseMs)}ms`,
+    idle_in_transaction_session_timeout: `${Math.round(leaseMs)}ms`,
+    // PostgreSQL 17+; skipped on older servers.
+    transaction_timeout: "0",
+    default_transaction_read_only: "off",
+    default_transaction_isolation: "read committed",
+    default_transaction_deferrable: "off",
+    // The token's write is flushed locally and never waits for a standby.
+    synchronous_commit: "local",
+    tcp_keepalives_idle: String(idleS),
+    tcp_keepalives_interval: "1",
+    tcp_keepalives_count: String(Math.max(1, leaseS - idleS)),
+    tcp_user_timeout: String(Math.round(leaseMs)),
+  };
+}
+
+/** What {@linkcode setUp} learns. */
+export interface MemberSession {
+  /** `server_version_num`. */
+  readonly serverVersion: number;
+  /** The backend pid. */
+  readonly backendPid: number;
+}
+
+/**
+ * Runs {@linkcode SETUP}.
+ *
+ * @param session The new session.
+ * @param settings From {@linkcode memberSettings}.
+ * @returns Server version and backend pid.
+ */
+export async function setUp(
+  session: LockSession,
+  settings: Record<string, string>,
+): Promise<MemberSession> {
+  const [row] = await session.query(SETUP, [JSON.stringify(settings)]);
+  return { serverVersion: Number(row?.server_version ?? 0), backendPid: Number(row?.backend_pid) };
+}
+
+/**
+ * The bigint key of a member lock.
+ *
+ * @param key1 The group's key1.
+ * @param memberId The member id (uint32).
+ * @returns `(key1 << 32) | memberId` as a decimal string (int8).
+ */
+export function memberKey(key1: number, memberId: number): string {
+  return BigInt.asIntN(64, (BigInt(key1) << 32n) | BigInt(memberId >>> 0)).toString();
+}
+
+/**
+ * Runs {@linkcode JOIN}.
+ *
+ * @param session The session.
+ * @param key1 The group's key1.
+ * @param memberId The member id to claim.
+ * @returns Whether the member lock was taken (false: another session has this id).
+ */
+export async function join(
+  session: LockSession,
+  key1: number,
+  memberId: number,
+): Promise<boolean> {
+  const [row] = await session.query(JOIN, [memberKey(key1, memberId)]);
+  return row?.joined === true;
+}
+
+/** One live member as pg_locks shows it. */
+export interface MemberRow {
+  /** The member id (uint32). */
+  readonly memberId: number;
+  /** Its backend pid. */
+  readonly pid: number;
+}
+
+/** What {@linkcode observe} read. */
+export interface Observation {
+  /** This session's backend pid. */
+  readonly backendPid: number;
+  /** key2 of every shard lock this session holds. */
+  readonly mine: readonly number[];
+  /** key2 of every shard lock other sessions hold. */
+  readonly others: readonly number[];
+  /** The live members, by id. */
+  readonly members: readonly MemberRow[];
+}
+
+/** An objid (unsigned oid) back to the int4 key2 it came from. */
+export function toInt32(objid: number): number {
+  return objid > 0x7fffffff ? objid - 0x100000000 : objid;
+}
+
+function parseList(value: unknown): number[] {
+  if (typeof value !== "string" || value === "") return [];
+  return value.split(",").map((v) => toInt32(Number(v)));
+}
+
+/**
+ * Runs {@linkcode OBSERVE}.
+ *
+ * @param session The session.
+ * @param key1 The group's key1.
+ * @returns What pg_locks shows of the group.
+ */
+export async function observe(session: LockSession, key1: number): Promise<Observation> {
+  const [row] = await session.query(OBSERVE, [key1]);
+  const members: MemberRow[] = [];
+  if (typeof row?.members === "string" && row.members !== "") {
+    for (const pair of row.members.split(",")) {
+      const [id, pid] = pair.split(":");
+      members.push({ memberId: Number(id) >>> 0, pid: Number(pid) });
+    }
+  }
+  return {
+    backendPid: Number(row?.backend_pid),
+    mine: parseList(row?.mine),
+    others: parseList(row?.others),
+    members,
+  };
+}
+
+/** What {@linkcode acquire} took. */
+export interface Acquired {
+  /** The shards taken. */
+  readonly shards: readonly number[];
+  /** Their fencing token (one per statement: the same for every shard it took). */
+  readonly token: bigint | undefined;
+}
+
+/**
+ * The fencing token: the timeline (first 8 hex digits of the WAL file name) in the high bits and
+ * the transaction id (xid8) in the low 40, so that tokens keep increasing across a promotion.
+ *
+ * @param walfile `pg_walfile_name(pg_current_wal_lsn())`.
+ * @param xid `pg_current_xact_id()` as text.
+ * @returns The token.
+ */
+export function fencingToken(walfile: string, xid: string): bigint {
+  return (BigInt(`0x${walfile.slice(0, 8)}`) << 40n) | BigInt(xid);
+}
+
+/**
+ * Runs {@linkcode ACQUIRE}.
+ *
+ * @param session The session.
+ * @param key1 The group's key1.
+ * @param shards The key2 values to try, distinct.
+ * @returns The shards taken and their token.
+ */
+export async function acquire(
+  session: LockSession,
+  key1: number,
+  shards: readonly number[],
+): Promise<Acquired> {
+  const [row] = await session.query(ACQUIRE, [key1, shards]);
+  const taken = parseList(row?.acquired);
+  const token = typeof row?.walfile === "string" && typeof row?.xid === "string"
+    ? fencingToken(row.walfile, row.xid)
+    : undefined;
+  return { shards: token === undefined ? [] : taken, token };
+}
+
+/**
+ * Runs {@linkcode RELEASE}.
+ *
+ * @param session The session.
+ * @param key1 The group's key1.
+ * @param shards The key2 values to unlock.
+ * @returns The key2 values that were not held.
+ */
+export async function release(
+  session: LockSession,
+  key1: number,
+  shards: readonly number[],
+): Promise<number[]> {
+  const [row] = await session.query(RELEASE, [key1, shards]);
+  return parseList(row?.not_held);
+}
+
+/**
+ * Runs {@linkcode LEAVE}.
+ *
+ * @param session The session.
+ * @param key1 The group's key1.
+ * @param memberId This member's id.
+ * @returns Whether the member lock was held.
+ */
+export async function leave(
+  session: LockSession,
+  key1: number,
+  memberId: number,
+): Promise<boolean> {
+  const [row] = await session.query(LEAVE, [memberKey(key1, memberId)]);
+  return row?.left_group === true;
+}
+
+/** One member of a group as {@linkcode inspect} sees it. */
+export interface InspectedMember {
+  /** The member id. */
+  readonly memberId: number;
+  /** Its backend pid. */
+  readonly pid: number;
+  /** Its application_name. */
+  readonly identity: string | undefined;
+  /** The key2 values its session holds. */
+  readonly shards: readonly number[];
+}
+
+/** A group as {@linkcode inspect} sees it. */
+export interface InspectedGroup {
+  /** The live members, by id. */
+  readonly members: readonly InspectedMember[];
+  /** key2 -> holder pid, for every held shard (members' and anyone else's). */
+  readonly holders: ReadonlyMap<number, number>;
+}
+
+/**
+ * Runs {@linkcode INSPECT}.
+ *
+ * @param session Any session on the database.
+ * @param key1 The group's key1.
+ * @returns The members and holders.
+ */
+export async function inspect(session: LockSession, key1: number): Promise<InspectedGroup> {
+  const rows = await session.query(INSPECT, [key1]);
+  const holders = new Map<number, number>();
+  const byPid = new Map<number, { memberId: number; identity: string | undefined }>();
+  for (const row of rows) {
+    const pid = Number(row.pid);
+    const objid = Number(row.objid);
+    if (Number(row.form) === 1) {
+      const name = row.application_name;
+      byPid.set(pid, {
+        memberId: objid >>> 0,
+        identity: typeof name === "string" && name !== "" ? name : undefined,
+      });
+    } else {
+      holders.set(toInt32(objid), pid);
+    }
+  }
+  const members: InspectedMember[] = [...byPid.entries()].map(([pid, m]) => ({
+    ...m,
+    pid,
+    shards: [...holders.entries()].filter(([, p]) => p === pid).map(([k]) => k).sort((a, b) =>
+      a - b
+    ),
+  }));
+  members.sort((a, b) => a.memberId - b.memberId);
+  return { members, holders };
+}

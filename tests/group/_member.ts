@@ -1,0 +1,64 @@
+/**
+ * A LeaderGroup member process for the group tests and the benchmark. Reads its options as JSON
+ * from the first argument and prints one JSON line per event, timestamped on the wall clock
+ * shared by all processes (`performance.timeOrigin + performance.now()`):
+ * `ready`, `membership`, `acquired`/`released`/`lost` (with `key2` and `token`), `lease` (the
+ * wall-clock moment the lease of every held shard runs out unless renewed), `error`, `stopped`.
+ * SIGTERM shuts the group down gracefully.
+ *
+ * @module
+ */
+import { FixedInterval } from "../../src/retry.ts";
+import { LeaderGroup, type LeaderGroupOptions } from "../../src/leader_group.ts";
+
+const now = () => performance.timeOrigin + performance.now();
+const encoder = new TextEncoder();
+function print(record: Record<string, unknown>): void {
+  Deno.stdout.writeSync(encoder.encode(JSON.stringify({ t: now(), ...record }) + "\n"));
+}
+
+const config = JSON.parse(Deno.args[0] ?? "{}") as
+  & Omit<LeaderGroupOptions, "retryStrategy">
+  & { retryMs?: number; quiet?: boolean };
+const { retryMs = 50, quiet = false, ...options } = config;
+const group = new LeaderGroup({
+  ...options,
+  retryStrategy: new FixedInterval({ intervalMs: retryMs }),
+});
+group.addEventListener("acquired", (e) => {
+  print({
+    type: "acquired",
+    key2: e.key2,
+    token: String(e.fencingToken),
+    backendPid: group.backendPid,
+  });
+});
+group.addEventListener("released", (e) => {
+  print({ type: "released", key2: e.key2, token: String(e.fencingToken), reason: e.reason });
+});
+group.addEventListener("lost", (e) => {
+  print({ type: "lost", key2: e.key2, token: String(e.fencingToken), reason: e.reason });
+});
+group.addEventListener("membershipchange", (e) => {
+  print({ type: "membership", members: e.members.length, share: e.share });
+});
+if (!quiet) {
+  group.addEventListener("renewed", (e) => {
+    print({ type: "lease", until: performance.timeOrigin + e.deadline, shards: e.shards });
+  });
+}
+group.addEventListener("error", (e) => {
+  const error = e.error as Error;
+  print({ type: "error", message: String(error?.message ?? error) });
+});
+
+let stopping = false;
+Deno.addSignalListener("SIGTERM", async () => {
+  if (stopping) return;
+  stopping = true;
+  await group.shutdown().catch(() => {});
+  print({ type: "stopped" });
+  Deno.exit(0);
+});
+await group.start();
+print({ type: "ready", pid: Deno.pid, memberId: group.memberId, backendPid: group.backendPid });
