@@ -64,6 +64,8 @@ export interface WaitForLeadershipOptions {
  * ```
  */
 export class LeaderLock extends EventTarget implements AsyncDisposable {
+  /** The lock's name, when it was created with one (its keys are derived from it). */
+  readonly name: string | undefined;
   /** First key of the advisory lock. */
   readonly key1: number;
   /** Second key of the advisory lock. */
@@ -95,6 +97,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   constructor(options: LeaderLockOptions) {
     super();
     this.#config = resolveOptions(options);
+    this.name = this.#config.name;
     this.key1 = this.#config.key1;
     this.key2 = this.#config.key2;
     this.identity = this.#config.identity;

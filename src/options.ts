@@ -8,6 +8,7 @@ import { type ConnectionOptions, type Connector, makeConnector } from "./connect
 import { redactDsn } from "./dsn.ts";
 import { MAX_DURATION_MS, sessionSettings } from "./protocol.ts";
 import { ExponentialBackoff, type RetryStrategy } from "./retry.ts";
+import { lockKeys } from "./lock_name.ts";
 import { hostname, pid } from "./_runtime.ts";
 
 /** How a follower competes for the lock. */
@@ -15,10 +16,19 @@ export type AcquireMode = "wait" | "poll";
 
 /** Options of {@linkcode LeaderLock}. Durations are milliseconds, each at most 2^31 - 1. */
 export interface LeaderLockOptions extends ConnectionOptions {
-  /** First key of the advisory lock: an int32. Processes with the same (key1, key2) compete. */
-  key1: number;
+  /**
+   * First key of the advisory lock: an int32. Processes with the same (key1, key2) compete.
+   * Give `key1` and `key2`, or `name`.
+   */
+  key1?: number;
   /** Second key of the advisory lock: an int32. */
-  key2: number;
+  key2?: number;
+  /**
+   * The lock's name, instead of keys: mapped to (key1, key2) by `lockKeys()` (the first 8 bytes
+   * of the SHA-256 of its UTF-8, as two big-endian int32; see `lock_name.ts` for the SQL that
+   * computes the same pair). At most 255 UTF-8 bytes, no NUL.
+   */
+  name?: string;
   /**
    * Paces reconnects, and in `acquireMode: "poll"` the try-locks. Returning `null` gives up:
    * the lock stops and dispatches an `error` event carrying a {@linkcode ConnectionError}.
@@ -98,6 +108,8 @@ export interface LeaderLockOptions extends ConnectionOptions {
 
 /** Everything a running lock needs, validated, with every default decided. Frozen. */
 export interface LockConfig {
+  /** The lock's name, when it was given one. */
+  readonly name: string | undefined;
   /** First key. */
   readonly key1: number;
   /** Second key. */
@@ -160,8 +172,7 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
     acquireMode = "wait",
     settleMs = 10,
   } = options;
-  const key1 = checkInt32("key1", options.key1);
-  const key2 = checkInt32("key2", options.key2);
+  const { key1, key2, name } = checkKeys(options);
   checkDuration("healthIntervalMs", healthIntervalMs, { min: 1 });
   const { leaseMs = Math.min(MAX_DURATION_MS, 3 * healthIntervalMs) } = options;
   checkDuration("leaseMs", leaseMs, { min: 1 });
@@ -223,6 +234,7 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
   );
   const settings = Object.freeze(sessionSettings({ identity, waitWindowMs, leaseMs }));
   return Object.freeze({
+    name,
     key1,
     key2,
     identity,
@@ -251,6 +263,34 @@ export function describe(value: unknown): string {
   if (typeof value === "function") return "a function";
   if (typeof value === "object" && value !== null) return "an object";
   return String(value);
+}
+
+function checkKeys(
+  options: LeaderLockOptions,
+): { key1: number; key2: number; name: string | undefined } {
+  const { name } = options;
+  if (name === undefined) {
+    return {
+      key1: checkInt32("key1", options.key1),
+      key2: checkInt32("key2", options.key2),
+      name,
+    };
+  }
+  if (options.key1 !== undefined || options.key2 !== undefined) {
+    throw new TypeError(
+      `Cannot create LeaderLock as 'name' and 'key1'/'key2' exclude each other: give a name or keys`,
+    );
+  }
+  try {
+    return { ...lockKeys(name), name };
+  } catch (error) {
+    const message = `Cannot create LeaderLock as 'name' is invalid: ${
+      error instanceof Error ? error.message : String(error)
+    }`;
+    throw error instanceof RangeError
+      ? new RangeError(message, { cause: error })
+      : new TypeError(message, { cause: error });
+  }
 }
 
 function checkInt32(name: string, value: unknown): number {

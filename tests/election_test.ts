@@ -1,25 +1,39 @@
 /**
  * The state machine driven through a fake session and a manual clock: no database, no sleeps
- * longer than the test's own short intervals.
+ * longer than the test's own short intervals. Fakes answer by statement name.
  */
 import { assert, assertEquals } from "./_assert.ts";
-import { Election, type ElectionConfig, type ElectionObserver } from "../src/election.ts";
-import { FixedInterval } from "../src/retry.ts";
+import { Election } from "../src/election.ts";
+import type { LockConfig } from "../src/options.ts";
+import type { Statement } from "../src/protocol.ts";
+import { testConfig } from "./_config.ts";
 import type { LockSession, Row } from "../src/session.ts";
-import { LockError } from "../src/errors.ts";
+import { LeadershipEndedError, LockError } from "../src/errors.ts";
+import {
+  AcquiredEvent,
+  AcquireFailedEvent,
+  LeaderChangeEvent,
+  LeaderLockErrorEvent,
+  LostEvent,
+  ReleasedEvent,
+  StateChangeEvent,
+} from "../src/events.ts";
+import { canTransition } from "../src/state.ts";
 
-/** A session whose answers the test decides. */
+/** A session whose answers the test decides, by statement name. */
 class FakeSession implements LockSession {
   backendPid = 42;
   isEnded = false;
   #end!: (error: unknown) => void;
   readonly ended: Promise<unknown> = new Promise((resolve) => this.#end = resolve);
+  /** The names of the statements run, in order. */
   readonly statements: string[] = [];
-  constructor(readonly answer: (sql: string) => Row[] | Promise<Row[]>) {}
-  async query(text: string): Promise<Row[]> {
+  constructor(readonly answer: (name: string) => Row[] | Promise<Row[]>) {}
+  async query(statement: string | Statement): Promise<Row[]> {
     if (this.isEnded) throw new Error("Client has encountered a connection error");
-    this.statements.push(text);
-    return await this.answer(text);
+    const name = typeof statement === "string" ? statement : statement.name;
+    this.statements.push(name);
+    return await this.answer(name);
   }
   end(): Promise<void> {
     this.kill(undefined);
@@ -38,52 +52,46 @@ class FakeSession implements LockSession {
 /** Answers like a server on which this session is the only candidate. */
 function soleHolder(options: { unlockReturns?: boolean; heldOnCheck?: () => boolean } = {}) {
   let token = 100n;
-  return (sql: string): Row[] => {
-    if (sql.includes("server_version_num")) return [{ version: 150000, pid: 42, applied: 9 }];
-    if (sql.includes("pg_try_advisory_lock")) return [{ ok: true, token: String(++token) }];
-    if (sql.includes("pg_advisory_unlock")) {
-      return [{ ok: options.unlockReturns ?? true, still_held: false }];
-    }
-    if (sql.includes("AS held")) return [{ held: options.heldOnCheck?.() ?? true }];
-    throw new Error(`unexpected statement: ${sql}`);
+  return (name: string): Row[] => {
+    if (name === "set_up") return [{ version: 150000, pid: 42, applied: 9 }];
+    if (name === "try_lock") return [{ ok: true, token: String(++token) }];
+    if (name === "unlock") return [{ ok: options.unlockReturns ?? true, still_held: false }];
+    if (name === "renew") return [{ held: options.heldOnCheck?.() ?? true }];
+    throw new Error(`unexpected statement: ${name}`);
   };
 }
 
+function describeEvent(event: Event): string {
+  if (event instanceof StateChangeEvent) return `${event.from}->${event.to}`;
+  if (event instanceof AcquiredEvent) return `acquired ${event.fencingToken}`;
+  if (event instanceof ReleasedEvent) return `released ${event.fencingToken}`;
+  if (event instanceof LostEvent) return `lost ${event.reason}`;
+  if (event instanceof AcquireFailedEvent) return `acquirefailed ${event.attempt}`;
+  if (event instanceof LeaderChangeEvent) return `leaderchange ${event.pid}`;
+  if (event instanceof LeaderLockErrorEvent) return `error ${event.error.name}`;
+  return event.type;
+}
+
+/** Transitions observed by any test below that are not in the table (checked by the last test). */
+const untabled: string[] = [];
+
 function harness(
   session: FakeSession,
-  overrides: Partial<ElectionConfig> = {},
-  wantsHolder = true,
+  overrides: Partial<LockConfig> & { connect?: () => Promise<LockSession> } = {},
+  watchHolder = true,
 ) {
   let now = 1000;
   const events: string[] = [];
-  const observer: ElectionObserver = {
-    state: (from, to) => events.push(`${from}->${to}`),
-    acquired: (token) => events.push(`acquired ${token}`),
-    renewed: () => {},
-    wantsHolder: () => wantsHolder,
-    released: (token) => events.push(`released ${token}`),
-    lost: (reason) => events.push(`lost ${reason}`),
-    acquireFailed: (attempt) => events.push(`acquirefailed ${attempt}`),
-    leaderChange: (holder) => events.push(`leaderchange ${holder.pid}`),
-    error: (error) => events.push(`error ${error instanceof Error ? error.name : error}`),
-    connected: () => events.push("connected"),
-  };
-  const election = new Election({
-    key1: 1,
-    key2: 2,
-    acquireMode: "wait",
-    retryStrategy: new FixedInterval({ intervalMs: 10 }),
-    healthIntervalMs: 50,
-    leaseMs: 1000,
-    reconnectGraceMs: undefined,
-    autoReacquire: false,
-    settleMs: 0,
-    settings: {},
-    connect: () => Promise.resolve(session),
-    target: "fake",
-    clock: () => now,
-    ...overrides,
-  }, observer);
+  const { connect = () => Promise.resolve(session), ...rest } = overrides;
+  const config = testConfig({ connect, ...rest });
+  const election = new Election(config, (event) => {
+    // Every observed transition must be in the table.
+    if (event instanceof StateChangeEvent && !canTransition(event.from, event.to)) {
+      untabled.push(`${event.from}->${event.to}`);
+    }
+    events.push(describeEvent(event));
+  }, () => now);
+  election.watchHolder = watchHolder;
   return {
     election,
     events,
@@ -107,7 +115,7 @@ Deno.test("isLeader turns false when the clock passes the lease, before any time
   advance(2);
   assertEquals(election.isLeader, false);
   assertEquals(election.fencingToken, undefined);
-  election.stop();
+  await election.stop(1000);
   await running;
 });
 
@@ -141,7 +149,7 @@ Deno.test("an unlock that returns false is a LockError and the session is closed
   const { election, events } = harness(session, { healthIntervalMs: 100_000, leaseMs: 300_000 });
   const running = election.run();
   await until(() => election.isLeader);
-  const stepping = election.stepDown().then(() => undefined, (error) => error);
+  const stepping = election.stepDown(1000).then(() => undefined, (error) => error);
   const error = await stepping;
   assert(error instanceof LockError, `got ${error}`);
   await running;
@@ -155,7 +163,7 @@ Deno.test("states follow stopped, follower, acquiring, leader, releasing, stoppe
   const { election, events } = harness(session, { healthIntervalMs: 100_000, leaseMs: 300_000 });
   const running = election.run();
   await until(() => election.isLeader);
-  election.stop();
+  await election.stop(1000);
   await running;
   assertEquals(events.filter((e) => e.includes("->")), [
     "stopped->follower",
@@ -165,18 +173,15 @@ Deno.test("states follow stopped, follower, acquiring, leader, releasing, stoppe
     "releasing->stopped",
   ]);
   assert(events.includes("released 101"));
-  assert(session.statements.some((s) => s.includes("pg_advisory_unlock")));
+  assert(session.statements.includes("unlock"));
 });
 
 Deno.test("a follower reports acquirefailed per window and leaderchange only when the holder changes", async () => {
   let holderPid = 7;
   let windows = 0;
-  const session = new FakeSession((sql) => {
-    if (sql.includes("server_version_num")) return [{ version: 150000, pid: 42 }];
-    if (sql.includes("pg_try_advisory_lock")) {
-      return [{ ok: false, token: null, holder_pid: holderPid, holder_identity: "a" }];
-    }
-    if (sql.includes("pg_advisory_lock(")) {
+  const session = new FakeSession((name) => {
+    if (name === "set_up") return [{ version: 150000, pid: 42 }];
+    if (name === "wait_lock") {
       windows++;
       if (windows === 2) holderPid = 8;
       // One (short) wait window inside the server's lock queue.
@@ -184,16 +189,16 @@ Deno.test("a follower reports acquirefailed per window and leaderchange only whe
         setTimeout(() => reject(Object.assign(new Error("lock timeout"), { code: "55P03" })), 5)
       );
     }
-    if (sql.includes("AS token")) {
-      // "Does this session hold it after all?" after the window: no, and here is who does.
+    if (name === "try_lock") {
+      // The first attempt, and after each window (a leaderchange listener exists): who holds it.
       return [{ ok: false, token: null, holder_pid: holderPid, holder_identity: "a" }];
     }
-    throw new Error(`unexpected ${sql}`);
+    throw new Error(`unexpected ${name}`);
   });
   const { election, events } = harness(session);
   const running = election.run();
   await until(() => windows >= 4);
-  election.stop();
+  await election.stop(1000);
   await running;
   assertEquals(events.filter((e) => e.startsWith("leaderchange")), [
     "leaderchange 7",
@@ -204,20 +209,21 @@ Deno.test("a follower reports acquirefailed per window and leaderchange only whe
 
 Deno.test("without a leaderchange listener a follower spends one statement per wait window, and finds a grant that raced the timeout", async () => {
   let windows = 0;
-  const session = new FakeSession((sql) => {
-    if (sql.includes("server_version_num")) return [{ version: 150000, pid: 42 }];
-    if (sql.includes("pg_try_advisory_lock")) return [{ ok: false, token: null }];
-    if (sql.includes("CASE WHEN EXISTS")) {
-      // The previous window's timeout raced a grant: the session holds the lock already.
-      return [{ ok: true, token: "900" }];
-    }
-    if (sql.includes("pg_advisory_lock(")) {
+  const session = new FakeSession((name) => {
+    if (name === "set_up") return [{ version: 150000, pid: 42 }];
+    if (name === "try_lock") return [{ ok: false, token: null }];
+    if (name === "wait_lock") {
       windows++;
+      // The first window times out; its timeout raced a grant, which the next wait statement
+      // (it asks first whether the session holds the lock) finds.
+      if (windows === 2) return [{ ok: true, token: "900" }];
       return new Promise((_, reject) =>
         setTimeout(() => reject(Object.assign(new Error("lock timeout"), { code: "55P03" })), 5)
       );
     }
-    throw new Error(`unexpected ${sql}`);
+    if (name === "renew") return [{ held: true }];
+    if (name === "unlock") return [{ ok: true, still_held: false }];
+    throw new Error(`unexpected ${name}`);
   });
   const { election, events } = harness(
     session,
@@ -226,47 +232,46 @@ Deno.test("without a leaderchange listener a follower spends one statement per w
   );
   const running = election.run();
   await until(() => election.isLeader);
-  election.stop();
+  await election.stop(1000);
   await running;
-  assertEquals(windows, 1);
+  assertEquals(windows, 2);
   assert(events.includes("acquired 900"));
-  // try-lock, one wait window, then the asking wait: no separate "holds?" statement.
-  const kinds = session.statements.map((s) =>
-    s.includes("server_version_num")
-      ? "setup"
-      : s.includes("pg_try_advisory_lock")
-      ? "try"
-      : s.includes("CASE WHEN EXISTS")
-      ? "ask-then-wait"
-      : s.includes("pg_advisory_unlock")
-      ? "unlock"
-      : "wait"
-  );
-  assertEquals(kinds, ["setup", "try", "wait", "ask-then-wait", "unlock"]);
+  // try-lock, one wait window, then the next wait finds the raced grant: no separate "holds?"
+  // statement (a renew, the new term's acknowledgement of its grant, may come before the stop).
+  assertEquals(session.statements.filter((s) => s !== "renew"), [
+    "set_up",
+    "try_lock",
+    "wait_lock",
+    "wait_lock",
+    "unlock",
+  ]);
 });
 
 Deno.test("stepDown() ends the claim at once, even while a health check is in flight", async () => {
   const base = soleHolder();
   let answerCheck: ((rows: Row[]) => void) | undefined;
-  const session = new FakeSession((sql) =>
-    sql.includes("AS held") ? new Promise<Row[]>((resolve) => answerCheck = resolve) : base(sql)
+  let acknowledged = 0;
+  const session = new FakeSession((name) =>
+    name === "renew" && acknowledged++ > 0
+      ? new Promise<Row[]>((resolve) => answerCheck = resolve)
+      : base(name)
   );
   const { election, events, advance } = harness(session);
   const running = election.run();
   await until(() => election.isLeader);
   advance(60); // past the 50 ms health interval: the next wake-up sends a check
   await until(() => answerCheck !== undefined);
-  const stepping = election.stepDown();
+  const stepping = election.stepDown(1000);
   // Synchronously: no longer leader, though the check has not answered and nothing was unlocked.
   assertEquals(election.isLeader, false);
   assertEquals(election.state, "releasing");
-  assertEquals(session.statements.filter((s) => s.includes("pg_advisory_unlock")).length, 0);
+  assertEquals(session.statements.filter((s) => s === "unlock").length, 0);
   answerCheck!([{ held: true }]);
   await stepping;
   await running;
   assert(events.includes("released 101"));
   assertEquals(events.filter((e) => e === "leader->releasing").length, 1);
-  assertEquals(session.statements.filter((s) => s.includes("pg_advisory_unlock")).length, 1);
+  assertEquals(session.statements.filter((s) => s === "unlock").length, 1);
 });
 
 Deno.test("a lock regained within the reconnect grace is announced only after settleMs", async () => {
@@ -289,6 +294,79 @@ Deno.test("a lock regained within the reconnect grace is announced only after se
   const ms = performance.now() - lostAt;
   assert(ms >= 40, `regained and announced ${ms.toFixed(1)} ms after the loss, within the settle`);
   assertEquals(events.filter((e) => e.startsWith("lost")), []);
-  election.stop();
+  await election.stop(1000);
   await running;
+});
+
+Deno.test("a step-down requested from the statechange listener fires acquired first, then releasing", async () => {
+  const session = new FakeSession(soleHolder());
+  let now = 1000;
+  const seen: string[] = [];
+  let election!: Election;
+  const config = testConfig({
+    healthIntervalMs: 100_000,
+    leaseMs: 300_000,
+    connect: () => Promise.resolve(session),
+  });
+  let termSignal: AbortSignal | undefined;
+  let leaderDuringAcquired: boolean | undefined;
+  election = new Election(config, (event) => {
+    seen.push(describeEvent(event));
+    if (event instanceof StateChangeEvent && event.to === "leader") {
+      election.stepDown(1000).catch(() => {});
+    }
+    if (event instanceof AcquiredEvent) {
+      termSignal = event.signal;
+      leaderDuringAcquired = election.isLeader;
+    }
+  }, () => now);
+  await election.run();
+  now += 1;
+  const acquired = seen.indexOf("acquired 101");
+  const releasing = seen.indexOf("leader->releasing");
+  assert(acquired >= 0 && releasing > acquired, seen.join(", "));
+  // The term was over by the time acquired was dispatched: its signal says so.
+  assertEquals(leaderDuringAcquired, false);
+  assert(termSignal?.aborted, "the term's signal aborted with the step-down");
+  assert(seen.includes("released 101"));
+});
+
+Deno.test("a term's signal aborts with a LeadershipEndedError when the session is lost", async () => {
+  const session = new FakeSession(soleHolder());
+  const { election, events } = harness(session, { healthIntervalMs: 100_000, leaseMs: 300_000 });
+  let signal: AbortSignal | undefined;
+  const running = election.run();
+  await until(() => election.isLeader);
+  signal = election.termSignal;
+  assert(signal && !signal.aborted);
+  session.kill(new Error("terminating connection due to administrator command"));
+  await until(() => signal!.aborted);
+  const reason = signal.reason as LeadershipEndedError;
+  assert(reason instanceof LeadershipEndedError, String(reason));
+  assertEquals(reason.reason, "session-ended");
+  assertEquals(reason.fencingToken, 101n);
+  await until(() => events.includes("lost session-ended"));
+  await running;
+});
+
+Deno.test("a retry strategy that returns NaN is reported and replaced by a 1000 ms delay", async () => {
+  let attempts = 0;
+  const { election, events } = harness(new FakeSession(soleHolder()), {
+    retryStrategy: { nextDelayMs: () => NaN },
+    connect: () => {
+      attempts++;
+      return Promise.reject(new Error("connection refused"));
+    },
+  });
+  const running = election.run();
+  await until(() => attempts >= 1 && events.some((e) => e === "error PgLeaderLockError"));
+  // The fallback delay is real time (1000 ms): no retry storm in the meantime.
+  await new Promise((r) => setTimeout(r, 200));
+  assertEquals(attempts, 1);
+  await election.stop(1000);
+  await running;
+});
+
+Deno.test("every statechange observed above is in the transition table", () => {
+  assertEquals(untabled, []);
 });

@@ -4,26 +4,14 @@
  */
 import FakeTimers from "npm:@sinonjs/fake-timers@^13";
 import { assertEquals } from "./_assert.ts";
-import { Election, type ElectionObserver } from "../src/election.ts";
+import { Election } from "../src/election.ts";
+import { testConfig } from "./_config.ts";
 import {
   DecorrelatedJitter,
   ExponentialBackoff,
   FixedInterval,
   type RetryStrategy,
 } from "../src/retry.ts";
-
-const quiet: ElectionObserver = {
-  state: () => {},
-  acquired: () => {},
-  renewed: () => {},
-  wantsHolder: () => false,
-  released: () => {},
-  lost: () => {},
-  acquireFailed: () => {},
-  leaderChange: () => {},
-  error: () => {},
-  connected: () => {},
-};
 
 /** Runs an election whose every connection attempt is refused; returns the attempt times. */
 async function attemptTimes(strategy: RetryStrategy, runForMs: number): Promise<number[]> {
@@ -33,30 +21,27 @@ async function attemptTimes(strategy: RetryStrategy, runForMs: number): Promise<
   });
   const times: number[] = [];
   try {
-    const election = new Election({
-      key1: 1,
-      key2: 2,
-      acquireMode: "wait",
-      retryStrategy: strategy,
-      healthIntervalMs: 1000,
-      leaseMs: 3000,
-      reconnectGraceMs: undefined,
-      autoReacquire: true,
-      settleMs: 0,
-      settings: {},
-      connect: () => {
-        times.push(performance.now());
-        return Promise.reject(
-          Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" }),
-        );
-      },
-      target: "nowhere:5432",
-      clock: () => performance.now(),
-    }, quiet);
+    const election = new Election(
+      testConfig({
+        retryStrategy: strategy,
+        healthIntervalMs: 1000,
+        leaseMs: 3000,
+        autoReacquire: true,
+        connect: () => {
+          times.push(performance.now());
+          return Promise.reject(
+            Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" }),
+          );
+        },
+      }),
+      () => {},
+      () => performance.now(),
+    );
     const running = election.run();
     await clock.tickAsync(runForMs);
-    election.stop();
+    const stopping = election.stop(1000);
     await clock.runAllAsync();
+    await stopping;
     await running;
   } finally {
     clock.uninstall();
