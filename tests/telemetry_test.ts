@@ -459,3 +459,59 @@ Deno.test("LOCK_METRICS names every metric once, in Prometheus form", () => {
     if (m.instrument === "histogram") assert((m.buckets?.length ?? 0) > 0, m.name);
   }
 });
+
+Deno.test("an instrumented lock that is no longer referenced is collected and leaves the gauges", async () => {
+  // A child process with --expose-gc: the test runner's own isolate cannot force a collection.
+  const here = (path: string) => new URL(path, import.meta.url).href;
+  const script = await Deno.makeTempFile({ suffix: ".ts" });
+  try {
+    await Deno.writeTextFile(
+      script,
+      `
+import { AggregationTemporality, MeterProvider, MetricReader } from "npm:@opentelemetry/sdk-metrics@^3.1.1";
+import { LeaderLock } from "${here("../mod.ts")}";
+import { instrumentLeaderLock } from "${here("../src/telemetry.ts")}";
+class Reader extends MetricReader {
+  protected override onForceFlush() { return Promise.resolve(); }
+  protected override onShutdown() { return Promise.resolve(); }
+}
+const reader = new Reader({ aggregationTemporalitySelector: () => AggregationTemporality.DELTA });
+const meterProvider = new MeterProvider({ readers: [reader] });
+const leaderPoints = async () => (await reader.collect()).resourceMetrics.scopeMetrics
+  .flatMap((s) => s.metrics).filter((m) => m.descriptor.name === "pgleaderlock_leader")
+  .flatMap((m) => m.dataPoints).length;
+let ref;
+(() => {
+  const lock = new LeaderLock({ dsn: "postgres://u@127.0.0.1:1/db", key1: 1, key2: 2 });
+  ref = new WeakRef(lock);
+  instrumentLeaderLock(lock, { meterProvider }); // never disposed
+})();
+const before = await leaderPoints();
+for (let i = 0; i < 5 && ref.deref(); i++) {
+  await new Promise((resolve) => setTimeout(resolve, 10));
+  globalThis.gc();
+}
+console.log(JSON.stringify({ before, collected: ref.deref() === undefined, after: [await leaderPoints(), await leaderPoints()] }));
+await meterProvider.shutdown();
+`,
+    );
+    const output = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        "--no-lock",
+        "--v8-flags=--expose-gc",
+        `--config=${new URL("../deno.json", import.meta.url).pathname}`,
+        script,
+      ],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const stderr = new TextDecoder().decode(output.stderr);
+    assert(output.success, stderr);
+    const lines = new TextDecoder().decode(output.stdout).trim().split("\n");
+    assertEquals(JSON.parse(lines.at(-1)!), { before: 1, collected: true, after: [0, 0] });
+  } finally {
+    await Deno.remove(script);
+  }
+});
