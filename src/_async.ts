@@ -90,28 +90,3 @@ export async function untilAborted<T>(
     promise.catch(() => {});
   }
 }
-
-/** A promise with its resolve and reject functions. */
-export interface Deferred<T> {
-  /** The promise. */
-  readonly promise: Promise<T>;
-  /** Resolves it. */
-  resolve(value: T): void;
-  /** Rejects it. */
-  reject(reason: unknown): void;
-}
-
-/**
- * Creates a {@linkcode Deferred}.
- *
- * @returns The deferred.
- */
-export function deferred<T>(): Deferred<T> {
-  let resolve!: (value: T) => void;
-  let reject!: (reason: unknown) => void;
-  const promise = new Promise<T>((res, rej) => {
-    resolve = res;
-    reject = rej;
-  });
-  return { promise, resolve, reject };
-}

@@ -12,7 +12,9 @@ import {
   type PgClient,
   PgSession,
 } from "./pg_session.ts";
-import type { SessionConnector } from "./session.ts";
+import type { Connector, SessionConnector } from "./session.ts";
+
+export type { Connector };
 
 /** Options of {@linkcode makeConnector}. */
 export interface MakeConnectorOptions {
@@ -38,18 +40,6 @@ export interface ConnectionOptions {
    * it): prefer `dsn`.
    */
   connect?: (signal: AbortSignal) => Promise<PgClient>;
-}
-
-/** A connector and a description of its target for messages (never a password). */
-export interface Connector {
-  /** Opens one session. */
-  readonly connect: SessionConnector;
-  /** `host:port/db`, or a note that a custom function connects. */
-  readonly target: string;
-  /** The DSN's application_name, if it has one. */
-  readonly applicationName?: string | undefined;
-  /** Whether sessions get their settings in the startup packet (not for a custom `connect`). */
-  readonly pinsAtStartup: boolean;
 }
 
 /**

@@ -36,7 +36,7 @@ import {
   StateChangeEvent,
 } from "./events.ts";
 import { type Clock, Lease } from "./lease.ts";
-import type { LockConfig } from "./options.ts";
+import type { LockConfig } from "./config.ts";
 import {
   ackWindowMs,
   type AcquireOptions,

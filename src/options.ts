@@ -4,15 +4,15 @@
  *
  * @module
  */
-import { type ConnectionOptions, type Connector, makeConnector } from "./connector.ts";
+import type { AcquireMode, LockConfig } from "./config.ts";
+import { type ConnectionOptions, makeConnector } from "./connector.ts";
+
+export type { AcquireMode, LockConfig };
 import { redactDsn } from "./dsn.ts";
 import { MAX_DURATION_MS, sessionSettings } from "./protocol.ts";
 import { ExponentialBackoff, type RetryStrategy } from "./retry.ts";
 import { lockKeys } from "./lock_name.ts";
 import { hostname, pid } from "./_runtime.ts";
-
-/** How a follower competes for the lock. */
-export type AcquireMode = "wait" | "poll";
 
 /** Options of {@linkcode LeaderLock}. Durations are milliseconds, each at most 2^31 - 1. */
 export interface LeaderLockOptions extends ConnectionOptions {
@@ -104,40 +104,6 @@ export interface LeaderLockOptions extends ConnectionOptions {
    * @default {10}
    */
   settleMs?: number;
-}
-
-/** Everything a running lock needs, validated, with every default decided. Frozen. */
-export interface LockConfig {
-  /** The lock's name, when it was given one. */
-  readonly name: string | undefined;
-  /** First key. */
-  readonly key1: number;
-  /** Second key. */
-  readonly key2: number;
-  /** application_name of the lock's sessions. */
-  readonly identity: string;
-  /** See {@linkcode LeaderLockOptions.acquireMode}. */
-  readonly acquireMode: AcquireMode;
-  /** See {@linkcode LeaderLockOptions.retryStrategy}. */
-  readonly retryStrategy: RetryStrategy;
-  /** See {@linkcode LeaderLockOptions.healthIntervalMs}. */
-  readonly healthIntervalMs: number;
-  /** See {@linkcode LeaderLockOptions.leaseMs}. */
-  readonly leaseMs: number;
-  /** See {@linkcode LeaderLockOptions.waitWindowMs}. */
-  readonly waitWindowMs: number;
-  /** See {@linkcode LeaderLockOptions.reconnectGraceMs}. */
-  readonly reconnectGraceMs: number | undefined;
-  /** See {@linkcode LeaderLockOptions.autoReacquire}. */
-  readonly autoReacquire: boolean;
-  /** See {@linkcode LeaderLockOptions.settleMs}. */
-  readonly settleMs: number;
-  /** See {@linkcode LeaderLockOptions.signal}. */
-  readonly signal: AbortSignal | undefined;
-  /** The settings every session of the lock runs under. */
-  readonly settings: Readonly<Record<string, string>>;
-  /** Opens sessions; its `target` names the server in messages (never a password). */
-  readonly connector: Connector;
 }
 
 const INT32_MIN = -2147483648;

@@ -6,7 +6,7 @@
 // Not @types/pg: it pulls in @types/node, whose global Event and EventTarget types clash with
 // Deno's (for our users too). The few members used are declared in _pg.d.ts.
 // @ts-types="./_pg.d.ts"
-import pg from "pg";
+import pg from "npm:pg@^8.23.1";
 import type { ConnectionParams, DsnHost } from "./dsn.ts";
 import type { LockSession, Row } from "./session.ts";
 import type { Statement } from "./protocol.ts";

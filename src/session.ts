@@ -47,3 +47,15 @@ export type SessionConnector = (
   signal: AbortSignal,
   settings?: Readonly<Record<string, string>>,
 ) => Promise<LockSession>;
+
+/** A connector and a description of its target for messages (never a password). */
+export interface Connector {
+  /** Opens one session. */
+  readonly connect: SessionConnector;
+  /** `host:port/db`, or a note that a custom function connects. */
+  readonly target: string;
+  /** The DSN's application_name, if it has one. */
+  readonly applicationName?: string | undefined;
+  /** Whether sessions get their settings in the startup packet (not for a custom `connect`). */
+  readonly pinsAtStartup: boolean;
+}

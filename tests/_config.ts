@@ -4,7 +4,7 @@
  *
  * @module
  */
-import type { LockConfig } from "../src/options.ts";
+import type { LockConfig } from "../src/config.ts";
 import { FixedInterval } from "../src/retry.ts";
 import type { SessionConnector } from "../src/session.ts";
 

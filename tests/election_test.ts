@@ -4,7 +4,7 @@
  */
 import { assert, assertEquals } from "./_assert.ts";
 import { Election } from "../src/election.ts";
-import type { LockConfig } from "../src/options.ts";
+import type { LockConfig } from "../src/config.ts";
 import type { Statement } from "../src/protocol.ts";
 import { testConfig } from "./_config.ts";
 import type { LockSession, Row } from "../src/session.ts";

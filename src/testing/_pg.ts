@@ -2,7 +2,7 @@
 // Deno's in any program that also type-checks the library. The members used are typed here.
 // Deno would still load @types/pg on its own for a bare import: point it at our declarations.
 // @ts-types="../_pg.d.ts"
-import pg from "pg";
+import pg from "npm:pg@^8.23.1";
 
 /** The part of an npm:pg `Client` the kit and its tests use. */
 export interface PgClient {

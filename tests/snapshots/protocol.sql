@@ -1,0 +1,194 @@
+-- set_up ["{\"search_path\":\"pg_catalog, pg_temp\"}"]
+SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS version,
+       pg_catalog.pg_backend_pid() AS pid,
+       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
+          FROM pg_catalog.json_each_text($1::pg_catalog.json) v
+          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
+         AS applied,
+       pg_catalog.pg_is_in_recovery() AS standby,
+       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only;
+
+-- try_lock [5001,1,"2000ms"]
+SELECT s.ok,
+       CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
+       CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
+         THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
+               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+       END AS token,
+       CASE WHEN s.ok THEN EXISTS (
+         SELECT 1 FROM pg_catalog.pg_stat_activity a
+          WHERE a.pid <> pg_catalog.pg_backend_pid()
+            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname = pg_catalog.current_database())
+            AND a.usename = pg_catalog.session_user()
+            AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
+                  || $1::pg_catalog.int4::pg_catalog.text || ' '
+                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
+            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+       END AS handed_over,
+       CASE WHEN s.ok
+         THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
+       END AS lease,
+       h.pid AS holder_pid, h.application_name AS holder_identity
+  FROM (SELECT CASE
+          WHEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_locks l
+             WHERE l.locktype = 'advisory'
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname = pg_catalog.current_database())
+               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+          THEN true
+          ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
+        END AS ok) s
+  LEFT JOIN LATERAL (
+    SELECT l.pid, a.application_name
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+     WHERE NOT s.ok AND l.locktype = 'advisory'
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname = pg_catalog.current_database())
+       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid = 2 AND l.granted
+     LIMIT 1) h ON true;
+
+-- wait_lock [5001,1,"2000ms"]
+SELECT s.ok,
+       CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
+       CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
+         THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
+               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+       END AS token,
+       CASE WHEN s.ok THEN EXISTS (
+         SELECT 1 FROM pg_catalog.pg_stat_activity a
+          WHERE a.pid <> pg_catalog.pg_backend_pid()
+            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname = pg_catalog.current_database())
+            AND a.usename = pg_catalog.session_user()
+            AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
+                  || $1::pg_catalog.int4::pg_catalog.text || ' '
+                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
+            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+       END AS handed_over,
+       CASE WHEN s.ok
+         THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
+       END AS lease,
+       h.pid AS holder_pid, h.application_name AS holder_identity
+  FROM (SELECT CASE
+          WHEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_locks l
+             WHERE l.locktype = 'advisory'
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname = pg_catalog.current_database())
+               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+          THEN true
+          ELSE pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) IS NOT NULL
+        END AS ok) s
+  LEFT JOIN LATERAL (
+    SELECT l.pid, a.application_name
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+     WHERE NOT s.ok AND l.locktype = 'advisory'
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname = pg_catalog.current_database())
+       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid = 2 AND l.granted
+     LIMIT 1) h ON true;
+
+-- wait_lock [5001,1,"2000ms"]
+/* pgleaderlock release 5001 1 */ SELECT s.ok,
+       CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
+       CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
+         THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
+               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+       END AS token,
+       CASE WHEN s.ok THEN EXISTS (
+         SELECT 1 FROM pg_catalog.pg_stat_activity a
+          WHERE a.pid <> pg_catalog.pg_backend_pid()
+            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname = pg_catalog.current_database())
+            AND a.usename = pg_catalog.session_user()
+            AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
+                  || $1::pg_catalog.int4::pg_catalog.text || ' '
+                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
+            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+       END AS handed_over,
+       CASE WHEN s.ok
+         THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
+       END AS lease,
+       h.pid AS holder_pid, h.application_name AS holder_identity
+  FROM (SELECT CASE
+          WHEN EXISTS (
+            SELECT 1 FROM pg_catalog.pg_locks l
+             WHERE l.locktype = 'advisory'
+               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname = pg_catalog.current_database())
+               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+          THEN true
+          ELSE pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) IS NOT NULL
+        END AS ok) s
+  LEFT JOIN LATERAL (
+    SELECT l.pid, a.application_name
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+     WHERE NOT s.ok AND l.locktype = 'advisory'
+       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname = pg_catalog.current_database())
+       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid = 2 AND l.granted
+     LIMIT 1) h ON true;
+
+-- renew [5001,1,"15000ms"]
+SELECT EXISTS (
+         SELECT 1 FROM pg_catalog.pg_locks l
+          WHERE l.locktype = 'advisory'
+            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname = pg_catalog.current_database())
+            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid()) AS held,
+       pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease;
+
+-- unlock [5001,1]
+/* pgleaderlock release 5001 1 */ SELECT s.ok,
+       EXISTS (
+         SELECT 1 FROM pg_catalog.pg_locks l
+          WHERE l.locktype = 'advisory'
+            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname = pg_catalog.current_database())
+            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid()) AS still_held,
+       pg_catalog.set_config('idle_session_timeout', '0', false) AS lease,
+       EXISTS (
+         SELECT 1 FROM pg_catalog.pg_locks l
+          WHERE l.locktype = 'advisory'
+            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname = pg_catalog.current_database())
+            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid = 2 AND l.granted AND l.pid <> pg_catalog.pg_backend_pid())
+         AS handed_over
+  FROM (SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, $2::pg_catalog.int4) AS ok) s;
+
+-- list_locks [5001,1]
+SELECT l.classid::pg_catalog.int8::pg_catalog.text AS classid,
+       l.objid::pg_catalog.int8::pg_catalog.text AS objid, l.objsubid, l.granted, l.pid,
+       a.application_name, a.usename, pg_catalog.host(a.client_addr) AS client_addr,
+       a.backend_start, pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart' AS waitstart
+  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory'
+   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname = pg_catalog.current_database())
+   AND ($1::pg_catalog.int4 IS NULL
+        OR (l.classid = $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid AND l.objsubid = 2))
+ ORDER BY l.objsubid, l.classid, l.objid, l.granted DESC, 10 NULLS FIRST;
