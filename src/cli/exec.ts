@@ -170,6 +170,17 @@ export function childEnvironment(
   return { env, removed };
 }
 
+/** The whole environment when it may be read, else nothing. */
+function readableEnvironment(): Record<string, string> {
+  try {
+    return Deno.permissions.querySync({ name: "env" }).state === "granted"
+      ? Deno.env.toObject()
+      : {};
+  } catch {
+    return {};
+  }
+}
+
 /** Resolves after `ms` while `lock` leads: `true` when it still leads, `false` when it stopped. */
 function whileLeading(lock: LeaderLock, ms: number, signal: AbortSignal): Promise<boolean> {
   if (ms <= 0 || !lock.isLeader || signal.aborted) {
@@ -285,6 +296,17 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
       descriptor: { name: "env" },
       flag: "--allow-env",
       why: "to hand the command the environment without the database password (or --pass-dsn)",
+    });
+  }
+  // Deno refuses to spawn with LD_*/DYLD_* in the environment under a scoped --allow-run.
+  const loaderVariable = Object.keys(readableEnvironment()).find((name) =>
+    /^(LD|DYLD)_/.test(name)
+  );
+  if (loaderVariable !== undefined) {
+    needs.push({
+      descriptor: { name: "run" },
+      flag: "--allow-run",
+      why: `without a list of programs, which Deno requires to spawn with ${loaderVariable} set`,
     });
   }
   requirePermissions("exec", needs);

@@ -1,6 +1,16 @@
-import { deepEqual, equal, ok } from "node:assert/strict";
+import { deepEqual, equal, match, ok } from "node:assert/strict";
 import { startPostgres } from "../../testing.ts";
-import { cli, eventually, freshKeys, type JsonEvent, jsonLines, stderrEvent } from "./_cli.ts";
+import { childEnvironment } from "../../src/cli/exec.ts";
+import { sessionsOf } from "../_helpers.ts";
+import {
+  cli,
+  eventually,
+  freshKeys,
+  type JsonEvent,
+  jsonLines,
+  RUN_PERMISSIONS,
+  stderrEvent,
+} from "./_cli.ts";
 
 const FAST = ["--health-interval", "0.5", "--lease", "1.5", "--retry-base", "0.05"];
 const QUICK = ["--health-interval", "0.2", "--lease", "1", "--retry-base", "0.05"];
@@ -214,4 +224,124 @@ Deno.test("exec exits 127 when the command does not exist", async () => {
   ]);
   equal((await a.status).code, 127);
   ok(!a.stderrText().includes(pg.password));
+});
+
+const SHOW_ENV = [
+  "sh",
+  "-c",
+  'echo "dsn=${PG_DSN-unset} pw=${PGPASSWORD-unset} other=${OTHER-unset} name=${PGLEADERLOCK_NAME-unset}"',
+];
+
+Deno.test("exec keeps the database password from the command unless --pass-dsn", async (t) => {
+  await using pg = await startPostgres();
+  const env = { PG_DSN: pg.dsn, PGPASSWORD: "pgpassword-secret", OTHER: "kept" };
+
+  await t.step("by default PG_DSN with a password and PGPASSWORD are removed", async () => {
+    await using a = cli(["exec", "--json", "--name", "env-check", ...QUICK, "--", ...SHOW_ENV], {
+      env,
+    });
+    equal((await a.status).code, 0, a.stderrText());
+    equal(a.stdoutText(), "dsn=unset pw=unset other=kept name=env-check\n");
+    const starting = jsonLines(a.stderrText()).find((e) => e.event === "starting");
+    deepEqual(starting?.envRemoved, ["PGPASSWORD", "PG_DSN"]);
+  });
+
+  await t.step("a PG_DSN without a password is kept", async () => {
+    // The unix socket trusts local users: no password needed.
+    await using a = cli(["exec", "--json", "--name", "env-check", ...QUICK, "--", ...SHOW_ENV], {
+      env: { PG_DSN: pg.socketDsn, OTHER: "kept" },
+    });
+    equal((await a.status).code, 0, a.stderrText());
+    equal(a.stdoutText(), `dsn=${pg.socketDsn} pw=unset other=kept name=env-check\n`);
+  });
+
+  await t.step("--pass-dsn passes both on", async () => {
+    await using a = cli([
+      "exec",
+      "--json",
+      "--pass-dsn",
+      "--name",
+      "env-check",
+      ...QUICK,
+      "--",
+      ...SHOW_ENV,
+    ], { env });
+    equal((await a.status).code, 0, a.stderrText());
+    equal(a.stdoutText(), `dsn=${pg.dsn} pw=pgpassword-secret other=kept name=env-check\n`);
+  });
+});
+
+Deno.test("exec without --allow-run exits 77 at once, without competing", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  await using a = cli(
+    ["exec", "--json", ...keys.args, ...QUICK, "--identity", "no-run", "--", "true"],
+    { permissions: RUN_PERMISSIONS, env: { PG_DSN: pg.dsn } },
+  );
+  equal((await a.status).code, 77);
+  match(a.stderrText(), /^pgleaderlock exec: missing permission: --allow-run \(to run 'true'\)/);
+  equal(jsonLines(a.stderrText()).length, 0, "no event: it never started");
+  equal(await sessionsOf(pg, "no-run"), 0);
+});
+
+Deno.test("exec --restart reruns a failing command with exponential backoff up to a maximum", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  const file = await Deno.makeTempFile({ prefix: "pgleaderlock-restart-" });
+  await using a = cli([
+    "exec",
+    "--json",
+    "--restart",
+    "--restart-delay",
+    "0.1",
+    "--restart-max",
+    "0.4",
+    ...keys.args,
+    ...QUICK,
+    "--dsn",
+    pg.dsn,
+    "--",
+    "sh",
+    "-c",
+    'date +%s%N >> "$1"; exit 3',
+    "failing",
+    file,
+  ]);
+  const restarts = () => jsonLines(a.stderrText()).filter((e) => e.event === "restart");
+  await eventually(() => restarts().length >= 5 || undefined, "five restarts");
+  a.kill("SIGTERM");
+  equal((await a.status).code, 0);
+  const seen = restarts().slice(0, 5);
+  deepEqual(seen.map((e) => e.delay), [0.1, 0.2, 0.4, 0.4, 0.4]);
+  for (const restart of seen) {
+    equal(restart.status, 3);
+    ok(Date.parse(String(restart.at)) >= Date.parse(restart.time));
+  }
+  // Each rerun started no sooner than its delay after the previous run ended.
+  const starts = (await Deno.readTextFile(file)).trim().split("\n").map((ns) => BigInt(ns));
+  await Deno.remove(file);
+  ok(starts.length >= 5);
+  for (let i = 1; i < 5; i++) {
+    const gapMs = Number(starts[i]! - starts[i - 1]!) / 1e6;
+    ok(gapMs >= Number(seen[i - 1]!.delay) * 1000, `run ${i + 1} came ${gapMs} ms after run ${i}`);
+  }
+});
+
+Deno.test("childEnvironment() leaves out every form of the password, and nothing else", () => {
+  const cases: [Record<string, string>, string[]][] = [
+    [{ PG_DSN: "postgres://app:pw@db/app", KEEP: "1" }, ["PG_DSN"]],
+    [{ PG_DSN: "host=db user=app password='p w'", KEEP: "1" }, ["PG_DSN"]],
+    [{ PG_DSN: "postgres://app@db/app?password=pw", KEEP: "1" }, ["PG_DSN"]],
+    [{ PG_DSN: "host=db port=notaport password=pw", KEEP: "1" }, ["PG_DSN"]],
+    [{ PG_DSN: "postgres://app@db/app", PGPASSWORD: "pw", KEEP: "1" }, ["PGPASSWORD"]],
+    [{ KEEP: "1" }, []],
+  ];
+  for (const [env, removed] of cases) {
+    const result = childEnvironment(false, env);
+    deepEqual(result.removed, removed, JSON.stringify(env));
+    const expected = { ...env };
+    for (const name of removed) delete expected[name as keyof typeof expected];
+    deepEqual(result.env, expected);
+  }
+  deepEqual(childEnvironment(true, { PGPASSWORD: "pw" }), { env: undefined, removed: [] });
 });

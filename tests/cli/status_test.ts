@@ -3,9 +3,12 @@ import { startPostgres, type TestPostgres } from "../../testing.ts";
 import { cli, eventually, freshKeys, nextEvent } from "./_cli.ts";
 
 interface LockJson {
+  name?: string;
   key1: number;
   key2: number;
+  held: boolean;
   holder: {
+    leadingSince: string | null;
     pid: number;
     identity: string | null;
     user: string | null;
@@ -91,6 +94,48 @@ Deno.test("status shows the holder and the number waiting", async () => {
     ),
   );
   ok(!text.includes(pg.password));
+
+  // Waiters in text too: one line each, after their lock's line.
+  const waiterLines = await eventually(async () => {
+    await using again = cli(["status", ...keys.args], { env: { PG_DSN: pg.dsn } });
+    equal((await again.status).code, 0);
+    const lines = again.stdoutText().split("\n").filter((line) => / waiter /.test(line));
+    return lines.length === 2 ? lines : undefined;
+  }, "two waiter lines");
+  for (const line of waiterLines) {
+    match(
+      line,
+      new RegExp(
+        `^\\S+Z waiter key1=${keys.key1} key2=${keys.key2} pid=\\d+ identity=w[12] user=postgres client=127\\.0\\.0\\.1 waiting-since=\\S+$`,
+      ),
+    );
+  }
+});
+
+Deno.test("status --name shows the lock by its name and exits 0 while it is held", async () => {
+  await using pg = await startPostgres();
+  const name = `nightly-report-${crypto.randomUUID()}`;
+  await using holder = cli([
+    "run",
+    "--json",
+    "--name",
+    name,
+    "--identity",
+    "named",
+    "--dsn",
+    pg.dsn,
+  ]);
+  await nextEvent(holder, "acquired");
+  const [lock] = await status(["--name", name, "--dsn", pg.dsn]);
+  equal(lock?.name, name);
+  equal(lock?.held, true);
+  equal(lock?.holder?.identity, "named");
+  await using human = cli(["status", "--name", name, "--dsn", pg.dsn]);
+  equal((await human.status).code, 0);
+  match(human.stdoutText(), new RegExp(`lock name=${name} key1=-?\\d+ key2=-?\\d+ holder=\\d+`));
+  // Another name is free.
+  const [other] = await status(["--name", `${name}-other`, "--dsn", pg.dsn], {}, 3);
+  equal(other?.held, false);
 });
 
 Deno.test("status of a free lock says so and exits 3, as pg_ctl status does", async () => {
@@ -161,9 +206,15 @@ Deno.test("status --watch prints the locks again when the holder changes", async
     "--dsn",
     pg.dsn,
   ]);
-  await nextEvent(watch, (e) => (e.locks as LockJson[])[0]?.holder?.identity === "a");
+  const first = await nextEvent(watch, (e) => (e.locks as LockJson[])[0]?.holder?.identity === "a");
+  // Whether a's leadership began before status first looked is unknown.
+  equal((first.locks as LockJson[])[0]?.holder?.leadingSince, null);
   a.kill("SIGKILL");
-  await nextEvent(watch, (e) => (e.locks as LockJson[])[0]?.holder?.identity === "b");
+  const killedAt = Date.now();
+  const next = await nextEvent(watch, (e) => (e.locks as LockJson[])[0]?.holder?.identity === "b");
+  // b's began while status watched: the look that first showed it.
+  const since = Date.parse(String((next.locks as LockJson[])[0]?.holder?.leadingSince));
+  ok(since >= killedAt - 1000 && since <= Date.parse(next.time), `leadingSince ${since}`);
   watch.kill("SIGINT");
   equal((await watch.status).code, 0);
 });

@@ -1,5 +1,7 @@
-import { equal, match, ok } from "node:assert/strict";
-import { type CliIo, main } from "../../cli.ts";
+import { deepEqual, equal, match, ok } from "node:assert/strict";
+import { type CliIo, main, VERSION } from "../../cli.ts";
+import { parseArgs } from "../../src/cli/_args.ts";
+import { LOCK_FLAGS } from "../../src/cli/_lock_flags.ts";
 import { cli } from "./_cli.ts";
 
 function capture(): CliIo & { out: string; err: string } {
@@ -19,6 +21,23 @@ const USAGE_ERRORS: [string[], RegExp][] = [
   [[], /Usage: pgleaderlock COMMAND/],
   [["bogus"], /unknown command 'bogus'/],
   [["run"], /'--key1' and '--key2' are required: missing '--key1' and '--key2'/],
+  [["run", "--name", ""], /option '--name' must not be empty/],
+  [["run", "--name", "a\0b"], /option '--name' must not contain a NUL character/],
+  [["run", "--name", "x".repeat(256)], /option '--name' must be at most 255 UTF-8 bytes/],
+  [["run", "--name", "a", "--key1", "1"], /'--name' names the lock by itself: leave out '--key1'/],
+  [["status", "--name", "a", "--key2", "1"], /leave out '--key2'/],
+  [
+    ["run", ...KEYS, "--log-level", "loud"],
+    /'--log-level' must be one of error, warn, info, debug: got 'loud'/,
+  ],
+  [["run", ...KEYS, "--log-format", "xml"], /'--log-format' must be 'text' or 'json'/],
+  [["run", ...KEYS, "--log-format", "text", "--json"], /'--json' contradicts/],
+  [["run", ...KEYS, "--timeout", "0"], /'--timeout' must be a number of seconds/],
+  [["exec", ...KEYS, "--restart-delay", "1", "--", "true"], /'--restart-delay' needs '--restart'/],
+  [
+    ["exec", ...KEYS, "--restart", "--restart-delay", "5", "--restart-max", "1", "true"],
+    /'--restart-max' must be at least '--restart-delay' \(5 s\)/,
+  ],
   [["run", "--key1", "1"], /missing '--key2'/],
   [["run", "--key1", "x", "--key2", "1"], /'--key1' must be an integer .*: got 'x'/],
   [["run", "--key1", "2147483648", "--key2", "1"], /'--key1' must be an integer/],
@@ -116,6 +135,40 @@ Deno.test("a password in an invalid --dsn never reaches the output", async () =>
   const io2 = capture();
   equal(await main(["run", ...KEYS, "--dsn", "host=db password=s3cretpw port=x"], io2), 2);
   ok(!io2.err.includes("s3cretpw"), io2.err);
+});
+
+Deno.test("negative keys parse as values, also after a space", () => {
+  const { flags } = parseArgs("run", ["--key1", "-5", "--key2=-7", "-h"], LOCK_FLAGS);
+  deepEqual([flags.get("key1"), flags.get("key2"), flags.get("help")], ["-5", "-7", "true"]);
+});
+
+Deno.test("--version prints the version of deno.json", async () => {
+  const { version } = JSON.parse(
+    await Deno.readTextFile(new URL("../../deno.json", import.meta.url)),
+  );
+  const io = capture();
+  equal(await main(["--version"], io), 0);
+  equal(io.out, `pgleaderlock ${version}\n`);
+  equal(VERSION, version);
+});
+
+Deno.test("exec's help says the command's environment keeps no database password", async () => {
+  const io = capture();
+  await main(["exec", "--help"], io);
+  match(io.out, /WITHOUT the database password: PGPASSWORD is removed, and\nPG_DSN too/);
+  match(io.out, /--pass-dsn/);
+});
+
+Deno.test("status without --allow-net exits 77 naming the flag, before connecting", async () => {
+  await using child = cli(["status", "--dsn", "postgres://app@db.invalid:5432/app"], {
+    permissions: ["--allow-env"],
+  });
+  equal((await child.status).code, 77);
+  match(
+    child.stderrText(),
+    /^pgleaderlock status: missing permission: --allow-net \(to connect to db\.invalid:5432\)/,
+  );
+  equal(child.stdoutText(), "");
 });
 
 Deno.test("the real process exits 2 on a usage error, with the message on stderr", async () => {
