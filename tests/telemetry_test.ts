@@ -515,3 +515,23 @@ await meterProvider.shutdown();
     await Deno.remove(script);
   }
 });
+
+Deno.test("instrumentLeaderLock labels every point with the lock's keys, identity and name", async () => {
+  await using otel = sdk();
+  const lock = new LeaderLock({
+    dsn: "postgres://u@127.0.0.1:1/db",
+    key1: -5,
+    key2: 9,
+    identity: "named",
+  });
+  // The lock's optional name (being added to LeaderLock): read like any public property.
+  Object.defineProperty(lock, "name", { value: "billing-cron" });
+  using _telemetry = instrumentLeaderLock(lock, { meterProvider: otel.meterProvider });
+  const m = await otel.collect();
+  const labels = { key1: -5, key2: 9, identity: "named", name: "billing-cron" };
+  assertEquals(m.value("pgleaderlock_leader", labels), 0);
+  assertEquals(m.value("pgleaderlock_info", labels), 1);
+  assertEquals(m.value("pgleaderlock_state", { ...labels, state: "stopped" }), 1);
+  assertEquals(m.value("pgleaderlock_transitions_total", { ...labels, kind: "lost" }), 0);
+  assertEquals(m.value("pgleaderlock_lost_total", { ...labels, reason: "lease-expired" }), 0);
+});
