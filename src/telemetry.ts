@@ -42,6 +42,16 @@ import {
   type Tracer,
 } from "npm:@opentelemetry/api@^1.9.0";
 import type { LeaderLock } from "./leader_lock.ts";
+import type {
+  AcquiredEvent,
+  LeaderLockErrorEvent,
+  LeaderLockEventMap,
+  LostEvent,
+  LostReason,
+  ReleasedEvent,
+  StateChangeEvent,
+} from "./events.ts";
+import { LOCK_STATES } from "./state.ts";
 
 /**
  * An OpenTelemetry `MeterProvider` (from `npm:@opentelemetry/api`), such as the SDK's or Deno's:
@@ -70,16 +80,6 @@ export interface TracerProviderLike {
    */
   getTracer(name: string): object;
 }
-import type {
-  AcquiredEvent,
-  LeaderLockErrorEvent,
-  LeaderLockEventMap,
-  LostEvent,
-  ReleasedEvent,
-  StateChangeEvent,
-} from "./events.ts";
-import type { LostReason } from "./events.ts";
-import { LOCK_STATES } from "./state.ts";
 
 /** The instrumentation scope (meter and tracer name). */
 export const TELEMETRY_SCOPE = "pgleaderlock";
