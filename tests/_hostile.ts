@@ -10,7 +10,7 @@
 import pg from "pg";
 
 type PgClient = InstanceType<typeof pg.Client>;
-import { FixedInterval, LeaderLock, type LeaderLockOptions } from "../mod.ts";
+import { ConnectionError, FixedInterval, LeaderLock, type LeaderLockOptions } from "../mod.ts";
 import { startTcpProxy, type TcpProxy, type TestPostgres } from "../testing.ts";
 
 /** Timings of every candidate: fast, with a settle long enough to outlast the proxy's latency. */
@@ -159,54 +159,72 @@ export class HostileServer {
   }
 
   /**
-   * Sets system-wide settings (ALTER SYSTEM) and waits until new sessions see them.
+   * Sets system-wide settings (ALTER SYSTEM) and waits until new sessions start with them.
    *
    * @param settings Name -> value.
    */
   async alterSystem(settings: Readonly<Record<string, string>>): Promise<void> {
+    const before = await this.#probe(Object.keys(settings));
+    if (before === undefined) throw new Error("Cannot read the settings before ALTER SYSTEM");
+    this.#baseline = before;
     for (const [name, value] of Object.entries(settings)) {
       await this.admin.query(`ALTER SYSTEM SET ${settingClause(name, value)}`);
     }
     await this.admin.query("SELECT pg_reload_conf()");
-    await this.#waitForSystem(settings, true);
+    // In force once every value differs from before (or a probe cannot even run).
+    await this.#waitForSystem(
+      settings,
+      (now) => now === undefined || now.every((v, i) => v !== before[i]),
+    );
   }
 
   /**
-   * Resets system-wide settings and waits until new sessions no longer see them.
+   * Resets system-wide settings and waits until new sessions start with the values from before
+   * {@linkcode alterSystem}.
    *
    * @param settings The settings set by {@linkcode alterSystem}.
    */
   async resetSystem(settings: Readonly<Record<string, string>>): Promise<void> {
     for (const name of Object.keys(settings)) await this.admin.query(`ALTER SYSTEM RESET ${name}`);
     await this.admin.query("SELECT pg_reload_conf()");
-    await this.#waitForSystem(settings, false);
+    const before = this.#baseline;
+    await this.#waitForSystem(
+      settings,
+      (now) => now !== undefined && now.every((v, i) => v === before[i]),
+    );
   }
 
-  async #waitForSystem(settings: Readonly<Record<string, string>>, applied: boolean) {
+  #baseline: string[] = [];
+
+  /** What a fresh session (other settings pinned) starts with; undefined if it cannot tell. */
+  async #probe(names: readonly string[]): Promise<string[] | undefined> {
+    try {
+      const probe = await Sql.open(this.server, { except: names });
+      try {
+        const rows = await probe.query(
+          `SELECT name, setting FROM pg_settings WHERE name = ANY($1::text[])`,
+          [names],
+        );
+        const byName = new Map(rows.map((r) => [String(r.name), String(r.setting)]));
+        return names.map((n) => byName.get(n) ?? "");
+      } finally {
+        await probe.close();
+      }
+    } catch {
+      // A hostile setting (a 1 ms statement_timeout) ended the probe.
+      return undefined;
+    }
+  }
+
+  async #waitForSystem(
+    settings: Readonly<Record<string, string>>,
+    done: (now: string[] | undefined) => boolean,
+  ): Promise<void> {
     const names = Object.keys(settings);
     const end = performance.now() + 10_000;
-    for (;;) {
-      // A fresh session with the other settings pinned starts with what a candidate's would.
-      let done: boolean;
-      try {
-        const probe = await Sql.open(this.server, { except: names });
-        try {
-          const rows = await probe.query(
-            `SELECT count(*)::int AS n FROM pg_settings
-              WHERE name = ANY($1::text[]) AND source = 'configuration file'`,
-            [names],
-          );
-          done = Number(rows[0]?.n) === (applied ? names.length : 0);
-        } finally {
-          await probe.close();
-        }
-      } catch {
-        // A hostile setting (a 1 ms statement_timeout) ended the probe: it is in force.
-        done = applied;
-      }
-      if (done) return;
+    while (!done(await this.#probe(names))) {
       if (performance.now() > end) {
-        throw new Error(`ALTER SYSTEM of ${names.join(", ")} not in force after 10 s`);
+        throw new Error(`ALTER SYSTEM of ${names.join(", ")}: not in force after 10 s`);
       }
       await sleep(20);
     }
@@ -541,6 +559,14 @@ export async function leftovers(
 export interface ElectionHooks {
   /** After the first candidate started, before it must lead (e.g. hold every connection slot). */
   readonly beforeFirstLeader?: (lock: LeaderLock, watch: Watch) => Promise<void>;
+  /** Before the second candidate starts. */
+  readonly beforeSecondStart?: () => Promise<void>;
+  /**
+   * Whether the attacker keeps a session busy in the case's database throughout.
+   *
+   * @default {true}
+   */
+  readonly chatter?: boolean;
   /** Side activity from when the first leader leads until the end; returns its stopper. */
   readonly during?: () => Promise<() => Promise<void>>;
 }
@@ -592,6 +618,10 @@ export async function runElection(
   };
   let stopDuring: (() => Promise<void>) | undefined;
   const shutdowns: string[] = [];
+  // The attacker is busy in the same database: its queries are recent in pg_stat_activity.
+  const stopChatter = hooks.chatter === false
+    ? () => Promise.resolve()
+    : await chatter(hs, staged, "SELECT 1");
   try {
     const startedA = start("a", a);
     await hooks.beforeFirstLeader?.(a, watch);
@@ -600,6 +630,7 @@ export async function runElection(
     const firstPid = await holderIs("a", a);
     stopDuring = await hooks.during?.();
 
+    await hooks.beforeSecondStart?.();
     const startedB = start("b", b);
     await waitFor(
       async () =>
@@ -649,6 +680,7 @@ export async function runElection(
   } finally {
     watch.expectStop();
     await stopDuring?.().catch(() => {});
+    await stopChatter();
     for (const [name, lock] of [["a", a], ["b", b]] as const) {
       await lock.shutdown({ timeoutMs: PHASE_TIMEOUT_MS }).catch((error) =>
         shutdowns.push(`${name}.shutdown() rejected: ${error?.name}: ${error?.message}`)
@@ -660,6 +692,97 @@ export async function runElection(
   noViolations();
   if (shutdowns.length > 0) fail(shutdowns.join("\n"));
   await assertClean(admin, staged);
+}
+
+/**
+ * Has the attacker run `text` every 5 ms in the case's database, so that its query and
+ * query_start in pg_stat_activity stay recent.
+ *
+ * @returns A function that stops it and closes the session.
+ */
+export async function chatter(
+  hs: HostileServer,
+  staged: StagedCase,
+  text: string,
+): Promise<() => Promise<void>> {
+  const session = await Sql.open(hs.server, {
+    user: staged.attacker.user,
+    database: staged.database,
+  });
+  let running = true;
+  const loop = (async () => {
+    while (running && !session.ended) {
+      await session.query(text).catch(() => {});
+      await sleep(5);
+    }
+  })();
+  return async () => {
+    running = false;
+    await loop;
+    await session.close();
+  };
+}
+
+/**
+ * Expects a lock made by `make` to fail for good, and soon: either the constructor throws a
+ * TypeError or RangeError, or `start()` rejects (or an `error` event arrives and the lock stops)
+ * with a permanent {@linkcode ConnectionError}; the message must match `mention`.
+ *
+ * @param make Creates the lock.
+ * @param mention What the message must say.
+ * @param timeoutMs How soon.
+ * @throws {Error} With what was seen instead.
+ */
+export async function expectPermanentError(
+  make: () => LeaderLock,
+  mention: RegExp,
+  timeoutMs = PHASE_TIMEOUT_MS,
+): Promise<void> {
+  let lock: LeaderLock;
+  try {
+    lock = make();
+  } catch (error) {
+    if (
+      (error instanceof TypeError || error instanceof RangeError) && mention.test(error.message)
+    ) {
+      return;
+    }
+    throw new Error(`the constructor threw something else: ${String(error)}`);
+  }
+  const seen: unknown[] = [];
+  lock.addEventListener("error", (event) => seen.push(event.error));
+  let rejected = false;
+  let resolved = false;
+  const started = lock.start().then(
+    () => resolved = true,
+    (error) => {
+      rejected = true;
+      seen.unshift(error);
+    },
+  );
+  const describe = () =>
+    `state ${lock.state}, start() ${rejected ? "rejected" : resolved ? "resolved" : "pending"}, ` +
+    `errors:\n${
+      [...new Set(seen.map((e) => e instanceof Error ? `${e.name}: ${e.message}` : String(e)))]
+        .slice(0, 4).map((e) => `  ${e}`).join("\n") || "  none"
+    }`;
+  try {
+    await waitFor(
+      () => rejected || (resolved && lock.state === "stopped"),
+      "the lock to stop with a permanent error",
+      describe,
+      timeoutMs,
+    );
+  } finally {
+    await lock.shutdown({ timeoutMs: PHASE_TIMEOUT_MS }).catch(() => {});
+    await started;
+  }
+  const good = seen.find((e) =>
+    e instanceof ConnectionError && e.permanent && mention.test(e.message)
+  );
+  if (good === undefined) {
+    throw new Error(`no permanent ConnectionError matching ${mention}: ${describe()}`);
+  }
 }
 
 /**

@@ -13,17 +13,19 @@
  * its own roles, database and keys; system-level cases (ALTER SYSTEM) run on a second server, one
  * group of identical system settings at a time.
  *
- * `PGLEADERLOCK_HOSTILE_ONLY=<text>` runs only the cases whose name contains the text.
+ * `PGLEADERLOCK_HOSTILE_ONLY=<regexp>` runs only the cases whose name matches.
  *
  * @module
  */
 import { assert } from "./_assert.ts";
-import { ConnectionError, LeaderLock } from "../mod.ts";
-import { startPostgres, startStandby, type TestPostgres } from "../testing.ts";
+import { LeaderLock } from "../mod.ts";
+import { startPostgres, startStandby } from "../testing.ts";
 import {
   assertClean,
   candidateDsn,
   candidateOptions,
+  chatter,
+  expectPermanentError,
   HostileServer,
   literal,
   type ObjectContext,
@@ -32,9 +34,8 @@ import {
   sleep,
   Sql,
   stage,
+  type StagedCase,
   type Staging,
-  waitFor,
-  Watch,
 } from "./_hostile.ts";
 
 const ALL = [14, 15, 16, 17, 18];
@@ -307,6 +308,123 @@ interface Case {
   readonly staging: Staging;
   /** System-wide settings the case needs (it then runs on the system server). */
   readonly system: Readonly<Record<string, string>> | undefined;
+  /** What to check; {@linkcode runElection} by default. */
+  readonly run?: (hs: HostileServer, staged: StagedCase) => Promise<void>;
+}
+
+/** Another role's session shows the release marker all the time. */
+function fakeMarker(group: string): Case {
+  return {
+    name: `a ${group} member ignores another role's fake release marker on a backend kill`,
+    staging: { candidateMemberOf: [group] },
+    system: undefined,
+    run: (hs, staged) =>
+      runElection(hs, staged, {
+        during: () => chatter(hs, staged, `${marker(staged.keys)} SELECT 1`),
+      }),
+  };
+}
+
+/** A DSN whose certificate file cannot be read must fail at once, for good. */
+function unreadableFile(what: string, query: (dir: string) => string): Case {
+  return {
+    name: `${what}: a permanent error at once`,
+    staging: {},
+    system: undefined,
+    run: async (hs, staged) => {
+      const dir = await Deno.makeTempDir({ prefix: "pgleaderlock-hostile-" });
+      try {
+        const dsn = `${candidateDsn(hs.server, staged)}?${query(dir)}`;
+        await expectPermanentError(
+          () => new LeaderLock(candidateOptions(dsn, staged, "a")),
+          new RegExp(`sslrootcert|sslcert|sslkey|${dir.replaceAll("/", "\\/")}`),
+        );
+      } finally {
+        await Deno.remove(dir, { recursive: true });
+      }
+      await assertClean(hs.admin, staged);
+    },
+  };
+}
+
+const SPECIAL_CASES: readonly Case[] = [
+  fakeMarker("pg_read_all_stats"),
+  fakeMarker("pg_monitor"),
+  unreadableFile(
+    "sslrootcert names a missing file",
+    (dir) => `sslmode=verify-full&sslrootcert=${encodeURIComponent(`${dir}/missing.crt`)}`,
+  ),
+  unreadableFile(
+    "sslrootcert names a directory",
+    (dir) => `sslmode=verify-ca&sslrootcert=${encodeURIComponent(dir)}`,
+  ),
+  unreadableFile(
+    "sslcert names a missing file",
+    (dir) =>
+      `sslmode=require&sslcert=${encodeURIComponent(`${dir}/missing.crt`)}&sslkey=${
+        encodeURIComponent(`${dir}/missing.key`)
+      }`,
+  ),
+];
+
+/**
+ * The target is a standby: a clear permanent error naming target_session_attrs=read-write, at
+ * once, and no session left.
+ */
+async function standbyTarget(hs: HostileServer): Promise<void> {
+  const staged = await stage(hs, {});
+  await using standby = await startStandby(hs.server);
+  await standby.catchUp(hs.server);
+  const dsn =
+    `postgres://${staged.candidate.user}:${staged.candidate.password}@127.0.0.1:${standby.port}/${staged.database}`;
+  await expectPermanentError(
+    () => new LeaderLock(candidateOptions(dsn, staged, "a")),
+    /target_session_attrs=read-write/,
+  );
+  const [row] = await standby.query(
+    "SELECT count(*)::int AS n FROM pg_catalog.pg_stat_activity WHERE usename = $1",
+    [staged.candidate.user],
+  );
+  assert(Number(row?.n) === 0, `${row?.n} candidate sessions left on the standby`);
+}
+
+/**
+ * The attacker holds every connection slot a non-superuser may take: the candidate keeps
+ * retrying and never stops, and leads once one slot frees; the second candidate gets one more
+ * slot; then the usual election (the killed leader gets its own slot back).
+ */
+async function exhaustedConnections(hs: HostileServer): Promise<void> {
+  const staged = await stage(hs, {});
+  const held: Sql[] = [];
+  let refusal = "";
+  try {
+    for (let i = 0; i < 100; i++) {
+      try {
+        held.push(
+          await Sql.open(hs.server, { user: staged.attacker.user, database: staged.database }),
+        );
+      } catch (error) {
+        refusal = String(error);
+        break;
+      }
+    }
+    assert(refusal !== "", "the attacker never ran out of connection slots");
+    await runElection(hs, staged, {
+      chatter: false,
+      beforeFirstLeader: async (lock) => {
+        await sleep(1500);
+        assert(lock.state !== "stopped", `the candidate stopped while slots were taken`);
+        assert(!lock.isLeader, "the candidate leads without a connection slot");
+        // One slot is all a candidate may need.
+        await held.pop()!.close();
+      },
+      beforeSecondStart: async () => {
+        await held.pop()!.close();
+      },
+    });
+  } finally {
+    await Promise.all(held.map((s) => s.close()));
+  }
 }
 
 function casesFor(version: number): Case[] {
@@ -346,6 +464,9 @@ function casesFor(version: number): Case[] {
   return cases;
 }
 
+/** The small server of the special cases: few connection slots, and a standby's primary. */
+const SMALL_SETTINGS = { max_connections: 12 };
+
 const STEP = { sanitizeOps: false, sanitizeResources: false, sanitizeExit: false } as const;
 
 for (const requested of versions()) {
@@ -357,12 +478,15 @@ for (const requested of versions()) {
     fn: async (t) => {
       await using main = await startPostgres({ ...(requested ? { version: requested } : {}) });
       await using system = await startPostgres({ version: main.version });
+      await using small = await startPostgres({ version: main.version, settings: SMALL_SETTINGS });
       const hsMain = await HostileServer.of(main, "m");
       const hsSystem = await HostileServer.of(system, "s");
+      const hsSmall = await HostileServer.of(small, "x");
       try {
-        const only = Deno.env.get("PGLEADERLOCK_HOSTILE_ONLY");
-        const cases = casesFor(main.version).filter((c) =>
-          only === undefined || c.name.includes(only)
+        const pattern = Deno.env.get("PGLEADERLOCK_HOSTILE_ONLY");
+        const only = pattern === undefined ? undefined : new RegExp(pattern);
+        const cases = [...casesFor(main.version), ...SPECIAL_CASES].filter((c) =>
+          only === undefined || only.test(c.name)
         );
         const run = (hs: HostileServer, c: Case) =>
           t.step({
@@ -370,7 +494,7 @@ for (const requested of versions()) {
             ...STEP,
             fn: async () => {
               const staged = await stage(hs, c.staging);
-              await runElection(hs, staged);
+              await (c.run ?? runElection)(hs, staged);
             },
           });
         const onMain = cases.filter((c) => c.system === undefined);
@@ -379,7 +503,21 @@ for (const requested of versions()) {
           const key = JSON.stringify(c.system);
           groups.set(key, [...(groups.get(key) ?? []), c]);
         }
+        const smallCases = [
+          {
+            name: "exhausted max_connections: candidates keep retrying and lead once a slot frees",
+            fn: () => exhaustedConnections(hsSmall),
+          },
+          {
+            name: "a standby as the target: a permanent error naming target_session_attrs",
+            // Last: without pg_basebackup, making a standby restarts the primary.
+            fn: () => standbyTarget(hsSmall),
+          },
+        ].filter((c) => only === undefined || only.test(c.name));
         await Promise.all([
+          (async () => {
+            for (const c of smallCases) await t.step({ ...STEP, ...c });
+          })(),
           pool(onMain, CONCURRENCY, (c) => run(hsMain, c)),
           (async () => {
             for (const group of groups.values()) {
@@ -396,6 +534,7 @@ for (const requested of versions()) {
       } finally {
         await hsMain.close();
         await hsSystem.close();
+        await hsSmall.close();
       }
     },
   });
