@@ -1,0 +1,278 @@
+/**
+ * Member processes for the group tests and the benchmark: spawn, signal, read what they print,
+ * watch the group from the server's side, and check every shard's terms with the kit's checker.
+ *
+ * @module
+ */
+import { type CandidateLog, type CandidateRecord, checkTerms } from "../../testing.ts";
+import type { CheckReport, FreezeInterval } from "../../src/testing/checker.ts";
+import type { TestPostgres } from "../../testing.ts";
+
+const MEMBER_SCRIPT = new URL("./_member.ts", import.meta.url).pathname;
+const CONFIG = new URL("../../deno.json", import.meta.url).pathname;
+
+/** The wall clock every process shares. */
+export const wallNow = (): number => performance.timeOrigin + performance.now();
+
+/** A member record as printed by `_member.ts`. */
+export type MemberRecord = CandidateRecord & {
+  readonly key2?: number;
+  readonly memberId?: number;
+  readonly members?: number;
+};
+
+/** One spawned member process. */
+export class MemberProcess {
+  readonly name: string;
+  readonly records: MemberRecord[] = [];
+  readonly freezes: FreezeInterval[] = [];
+  killedAt: number | undefined;
+  readonly #child: Deno.ChildProcess;
+  readonly #done: Promise<void>;
+  #frozenAt: number | undefined;
+  #exited = false;
+
+  /**
+   * Spawns `_member.ts` with `options` (JSON).
+   *
+   * @param name A name for messages.
+   * @param options The member's options.
+   */
+  constructor(name: string, options: Record<string, unknown>) {
+    this.name = name;
+    this.#child = new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", "--config", CONFIG, MEMBER_SCRIPT, JSON.stringify(options)],
+      stdout: "piped",
+      stderr: "inherit",
+      stdin: "null",
+    }).spawn();
+    this.#done = this.#read();
+    this.#child.status.then(() => this.#exited = true);
+  }
+
+  /** Whether the process has exited. */
+  get running(): boolean {
+    return !this.#exited;
+  }
+
+  async #read(): Promise<void> {
+    let buffer = "";
+    const decoder = new TextDecoder();
+    for await (const chunk of this.#child.stdout) {
+      const receivedAt = wallNow();
+      buffer += decoder.decode(chunk, { stream: true });
+      let nl: number;
+      while ((nl = buffer.indexOf("\n")) >= 0) {
+        const line = buffer.slice(0, nl);
+        buffer = buffer.slice(nl + 1);
+        try {
+          const value = JSON.parse(line);
+          if (typeof value?.type === "string") this.records.push({ ...value, receivedAt });
+        } catch {
+          // not a record
+        }
+      }
+    }
+  }
+
+  /** The process id. */
+  get pid(): number {
+    return this.#child.pid;
+  }
+
+  /** The backend pid it printed when ready (its first session). */
+  get ready(): boolean {
+    return this.records.some((r) => r.type === "ready");
+  }
+
+  /** Sends SIGTERM (graceful leave) and waits for the exit. */
+  async leave(): Promise<void> {
+    this.#child.kill("SIGTERM");
+    await this.exited();
+  }
+
+  /** Sends SIGKILL and records when. */
+  async kill(): Promise<void> {
+    this.#child.kill("SIGKILL");
+    this.killedAt = wallNow();
+    await this.exited();
+  }
+
+  /** SIGSTOP. */
+  freeze(): void {
+    this.#child.kill("SIGSTOP");
+    this.#frozenAt = wallNow();
+  }
+
+  /** SIGCONT. */
+  thaw(): void {
+    this.freezes.push({ from: this.#frozenAt!, to: wallNow() });
+    this.#child.kill("SIGCONT");
+  }
+
+  /** Waits for the exit and the end of its output. */
+  async exited(): Promise<void> {
+    await this.#child.status;
+    await this.#done;
+  }
+
+  /** Stops it if still running (SIGKILL), for cleanup. */
+  async dispose(): Promise<void> {
+    try {
+      this.#child.kill("SIGCONT");
+      this.#child.kill("SIGKILL");
+    } catch {
+      // already gone
+    }
+    await this.exited();
+  }
+}
+
+/** What the server shows of a group: holder pid -> shards, members' pids, unowned count. */
+export interface GroupView {
+  /** Member backend pids. */
+  readonly members: readonly number[];
+  /** Shards held per backend pid. */
+  readonly counts: ReadonlyMap<number, number>;
+  /** Shards (of 0..n-1) nobody holds. */
+  readonly unowned: number;
+}
+
+/**
+ * Reads the group from pg_locks as the superuser.
+ *
+ * @param pg The server.
+ * @param key1 The group.
+ * @param n The shard count (key2 0..n-1).
+ * @returns The view.
+ */
+export async function viewGroup(pg: TestPostgres, key1: number, n: number): Promise<GroupView> {
+  const rows = await pg.query(
+    `SELECT objsubid, objid::int8 AS objid, pid FROM pg_locks
+      WHERE locktype = 'advisory' AND granted AND classid = $1::int4::oid`,
+    [key1],
+  );
+  const members: number[] = [];
+  const counts = new Map<number, number>();
+  let held = 0;
+  for (const row of rows) {
+    const pid = Number(row.pid);
+    if (Number(row.objsubid) === 1) members.push(pid);
+    else if (Number(row.objid) < n) {
+      counts.set(pid, (counts.get(pid) ?? 0) + 1);
+      held++;
+    }
+  }
+  return { members, counts, unowned: n - held };
+}
+
+/**
+ * Whether the group is balanced over `m` members: every shard held by a member, each member
+ * holding floor(n/m) or ceil(n/m).
+ *
+ * @param view The view.
+ * @param n Shards.
+ * @param m Expected members.
+ * @returns Balanced or not.
+ */
+export function isBalanced(view: GroupView, n: number, m: number): boolean {
+  if (view.members.length !== m || view.unowned !== 0) return false;
+  for (const pid of view.members) {
+    const c = view.counts.get(pid) ?? 0;
+    if (c < Math.floor(n / m) || c > Math.ceil(n / m)) return false;
+  }
+  return [...view.counts.keys()].every((pid) => view.members.includes(pid));
+}
+
+/**
+ * Polls `view` every `everyMs` until `predicate` holds.
+ *
+ * @returns When it held (wall clock) and the view.
+ */
+export async function waitForView(
+  pg: TestPostgres,
+  key1: number,
+  n: number,
+  predicate: (view: GroupView) => boolean,
+  timeoutMs: number,
+  what: string,
+  everyMs = 10,
+): Promise<{ at: number; view: GroupView }> {
+  const end = performance.now() + timeoutMs;
+  let view = await viewGroup(pg, key1, n);
+  while (!predicate(view)) {
+    if (performance.now() > end) {
+      throw new Error(
+        `Timed out after ${timeoutMs} ms waiting for ${what}: ${
+          JSON.stringify({
+            members: view.members.length,
+            counts: [...view.counts.values()],
+            unowned: view.unowned,
+          })
+        }`,
+      );
+    }
+    await new Promise((resolve) => setTimeout(resolve, everyMs));
+    view = await viewGroup(pg, key1, n);
+  }
+  return { at: wallNow(), view };
+}
+
+/**
+ * Splits every member's records per shard (lease lines go to every shard held at the time) and
+ * runs the kit's checker on each shard: no two terms of a shard overlap, tokens increase.
+ *
+ * @param members The processes.
+ * @param leaseMs Their lease.
+ * @returns One report per shard that had terms.
+ */
+export function checkShards(
+  members: readonly MemberProcess[],
+  leaseMs: number,
+): Map<number, CheckReport> {
+  const perShard = new Map<number, CandidateLog[]>();
+  for (const member of members) {
+    const byShard = new Map<number, CandidateRecord[]>();
+    const open = new Map<number, string>();
+    const push = (key2: number, record: CandidateRecord) => {
+      let list = byShard.get(key2);
+      if (!list) byShard.set(key2, list = []);
+      list.push(record);
+    };
+    for (const r of member.records) {
+      if (r.type === "acquired" || r.type === "released" || r.type === "lost") {
+        push(r.key2!, r);
+        if (r.type === "acquired") open.set(r.key2!, r.token!);
+        else open.delete(r.key2!);
+      } else if (r.type === "lease") {
+        for (const [key2, token] of open) push(key2, { ...r, token });
+      } else if (r.type === "stopped") {
+        for (const key2 of open.keys()) push(key2, r);
+        open.clear();
+      }
+    }
+    for (const [key2, records] of byShard) {
+      let logs = perShard.get(key2);
+      if (!logs) perShard.set(key2, logs = []);
+      logs.push({
+        name: member.name,
+        records,
+        killedAt: member.killedAt,
+        freezes: member.freezes,
+        leaseMs,
+      });
+    }
+  }
+  const reports = new Map<number, CheckReport>();
+  for (const [key2, logs] of perShard) reports.set(key2, checkTerms(logs));
+  return reports;
+}
+
+/** Every violation of every shard, as lines. */
+export function violations(reports: ReadonlyMap<number, CheckReport>): string[] {
+  const lines: string[] = [];
+  for (const [key2, report] of reports) {
+    for (const v of report.violations) lines.push(`shard ${key2}: ${v.kind}: ${v.message}`);
+  }
+  return lines;
+}
