@@ -35,9 +35,14 @@ export class MissingPermissionError extends Error {
    */
   constructor(command: string, missing: readonly Need[]) {
     const flags = [...new Set(missing.map((need) => need.flag))];
+    // One entry per reason: "--allow-read, --allow-write (to connect through ...)".
+    const byWhy = new Map<string, Set<string>>();
+    for (const need of missing) {
+      byWhy.set(need.why, (byWhy.get(need.why) ?? new Set()).add(need.flag));
+    }
     super(
       `missing permission: ${
-        missing.map((need) => `${need.flag} (${need.why})`).join(", ")
+        [...byWhy].map(([why, wanted]) => `${[...wanted].join(", ")} (${why})`).join("; ")
       }. Run it with ${flags.join(" ")} as well (the README's install line grants what run, ` +
         `exec and status need).`,
     );

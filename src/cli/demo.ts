@@ -7,11 +7,14 @@
  * @module
  */
 import { startPostgres, type TestPostgres } from "../testing/postgres.ts";
+import { resolveBinaries } from "../testing/_binaries.ts";
+import { type DownloadProgress, formatProgress } from "../testing/_embedded.ts";
 import { leaseMarginMs } from "../lease.ts";
 import { integer, parseArgs, UsageError } from "./_args.ts";
 import { onSignals, STOP_SIGNALS } from "./_campaign.ts";
 import { type CliIo, errorMessage, Logger } from "./_output.ts";
 import { hasPdeathsig, withPdeathsig } from "./_pdeathsig.ts";
+import { requirePermissions } from "./_permissions.ts";
 
 const DEMO_FLAGS = { candidates: "value", json: "switch", help: "switch" } as const;
 
@@ -90,6 +93,16 @@ export async function demoCommand(args: readonly string[], io: CliIo): Promise<n
   }
   if (rest.length > 0) throw new UsageError(`unexpected argument '${rest[0]}'`, "demo");
   const count = integer("demo", "candidates", flags.get("candidates") ?? "3", 2, 10);
+  // It starts PostgreSQL in a temporary directory and spawns candidates: all of it, or nothing.
+  const why = "the demo starts PostgreSQL and its candidates: run it with -A";
+  requirePermissions(
+    "demo",
+    (["run", "read", "write", "env", "net", "sys"] as const).map((name) => ({
+      descriptor: { name },
+      flag: `--allow-${name}`,
+      why,
+    })),
+  );
   const demo = new Demo(io, count, flags.has("json"));
   const interrupted = new AbortController();
   using _signals = onSignals(STOP_SIGNALS, () => {
@@ -105,6 +118,18 @@ export async function demoCommand(args: readonly string[], io: CliIo): Promise<n
   } finally {
     await demo.cleanUp();
   }
+}
+
+/** The major the kit would pick: `$PGLEADERLOCK_PG_VERSION`, else the newest local one. */
+function defaultMajor(): number | undefined {
+  let text: string | undefined;
+  try {
+    text = Deno.env.get("PGLEADERLOCK_PG_VERSION");
+  } catch {
+    return undefined;
+  }
+  const major = Number(text);
+  return text !== undefined && text !== "" && Number.isInteger(major) ? major : undefined;
 }
 
 class Interrupted extends Error {
@@ -147,6 +172,36 @@ class Demo {
     }
   }
 
+  /** A download listener that puts progress on the timeline, every tenth of the download. */
+  #downloadProgress(): (progress: DownloadProgress) => void {
+    let lastTenth = -1;
+    return (progress) => {
+      if (progress.via === "fetch" && !progress.done) {
+        const tenth = progress.totalBytes
+          ? Math.floor((progress.receivedBytes / progress.totalBytes) * 10)
+          : Math.floor(progress.receivedBytes / (10 * 1024 * 1024));
+        if (tenth === lastTenth) return;
+        lastTenth = tenth;
+      }
+      if (this.#json) {
+        this.#json.event("download", {
+          what: progress.what,
+          receivedBytes: progress.receivedBytes,
+          totalBytes: progress.totalBytes,
+          done: progress.done,
+        });
+        return;
+      }
+      this.say(
+        progress.via === "npm" && !progress.done
+          ? `downloading ${progress.what} with npm pack (first run only)...`
+          : `${progress.done ? "downloaded" : "downloading"} ${progress.what}: ${
+            formatProgress(progress)
+          }`,
+      );
+    };
+  }
+
   /** Prints text that only the human-readable output has. */
   #text(text: string): void {
     if (!this.#json) this.#io.stdout(text);
@@ -166,9 +221,29 @@ class Demo {
         `throwaway PostgreSQL;\nthe leader is faulted four ways. Candidates: health check ` +
         `${HEALTH_S} s, lease ${LEASE_S} s.\n\n`,
     );
-    this.say("starting a throwaway PostgreSQL...");
+    this.say("looking for PostgreSQL binaries...");
     const started = now();
-    this.#server = await startPostgres({ signal });
+    // Resolved here first so that a first-time download reports its progress on the timeline;
+    // startPostgres() below then finds them in the kit's cache.
+    const binaries = await resolveBinaries({
+      version: defaultMajor(),
+      signal,
+      onProgress: this.#downloadProgress(),
+    });
+    this.say(
+      `starting a throwaway PostgreSQL ${binaries.major} (${
+        binaries.embedded ? "embedded binaries" : binaries.binDir
+      })...`,
+    );
+    // A slow first start (initdb builds the cached template) shows it is still going.
+    const heartbeat = setInterval(() => {
+      this.say(`still starting PostgreSQL (${((now() - started) / 1000).toFixed(0)} s)...`);
+    }, 2000);
+    try {
+      this.#server = await startPostgres({ signal, binDir: binaries.binDir });
+    } finally {
+      clearInterval(heartbeat);
+    }
     this.say(
       `PostgreSQL ${this.#server.version} is up on 127.0.0.1:${this.#server.port} ` +
         `(${Math.round(now() - started)} ms)`,

