@@ -1,9 +1,14 @@
 import { assert, assertEquals, assertRejects } from "./_assert.ts";
 import { ConnectionError, LeaderLock } from "../mod.ts";
-import { assertSessionPinned, middleboxEvidence } from "../src/pooler.ts";
+import {
+  assertSessionPinned,
+  judgeProbe,
+  middleboxEvidence,
+  type ProbeObservations,
+} from "../src/pooler.ts";
 import { type PgClient, PgSession } from "../src/pg_session.ts";
 import type { LockSession } from "../src/session.ts";
-import { startPostgres, startTcpProxy, type TestPostgres } from "../testing.ts";
+import { startPostgres, startTcpProxy, type TcpProxy, type TestPostgres } from "../testing.ts";
 import { PgClient as KitClient } from "../src/testing/_pg.ts";
 import { findPgBouncer, type PoolMode, startPgBouncer } from "../src/testing/pgbouncer.ts";
 import { fastOptions, freshKeys, holders, shutdownAll } from "./_helpers.ts";
@@ -34,8 +39,51 @@ async function open(
   };
 }
 
-async function checkPinned(dsn: string): Promise<{ probes: number }> {
-  const { session, localPort, port } = await open(dsn);
+/** Runs `before(text)` before each statement of `session`: to inject a fault at an exact step. */
+function hooked(session: LockSession, before: (text: string) => Promise<void>): LockSession {
+  return {
+    get backendPid() {
+      return session.backendPid;
+    },
+    get isEnded() {
+      return session.isEnded;
+    },
+    ended: session.ended,
+    query: async (text, values) => {
+      await before(String(text));
+      return await session.query(text, values);
+    },
+    end: (timeoutMs) => session.end(timeoutMs),
+    destroy: () => session.destroy(),
+  };
+}
+
+/** The session and the probe of one check, as far as they exist. */
+interface CheckSessions {
+  readonly session: LockSession;
+  probe?: LockSession;
+}
+
+/**
+ * Runs assertSessionPinned() on a new session through `dsn`; `before` runs before each statement
+ * of the session or the probe (`"session: <sql>"`, `"probe: <sql>"`) and before the probe
+ * connects (`"probe: connect"`).
+ */
+async function checkPinned(
+  dsn: string,
+  before: (step: string, sessions: CheckSessions) => Promise<void> = () => Promise.resolve(),
+  timeoutMs?: number,
+): Promise<{ probes: number }> {
+  const { session: inner, localPort, port } = await open(dsn);
+  const sessions: CheckSessions = { session: inner };
+  // A check may end (its session lost) while a hook still injects its fault: wait for it.
+  const hooks: Promise<void>[] = [];
+  const run = (step: string) => {
+    const hook = before(step, sessions);
+    hooks.push(hook.catch(() => {}));
+    return hook;
+  };
+  const session = hooked(inner, (text) => run(`session: ${text}`));
   let probes = 0;
   try {
     await assertSessionPinned(session, {
@@ -43,13 +91,19 @@ async function checkPinned(dsn: string): Promise<{ probes: number }> {
       dialedPort: port,
       unixSocket: false,
       localPort,
+      ...(timeoutMs === undefined ? {} : { timeoutMs }),
       openProbe: async () => {
         probes++;
-        return (await open(dsn)).session;
+        await run("probe: connect");
+        const probe = (await open(dsn)).session;
+        sessions.probe = probe;
+        return hooked(probe, (text) => run(`probe: ${text}`));
       },
     });
   } finally {
-    await session.end(1000);
+    await Promise.all(hooks);
+    await inner.end(1000);
+    await sessions.probe?.end(1000);
   }
   return { probes };
 }
@@ -69,6 +123,174 @@ Deno.test("middleboxEvidence() tells a direct connection from one through a midd
   assert(middleboxEvidence({ port: 5432, client_port: 5555, unix_client: false }, socket));
 });
 
+Deno.test("judgeProbe() refuses only on positive evidence that the session is not pinned", async (t) => {
+  const session = { pid: 4242, nonce: "n1" };
+  const serverError = (message: string, code: string) =>
+    Object.assign(new Error(message), { code });
+  const cases: [string, ProbeObservations, string][] = [
+    ["a probe that saw our mark", { session, probeSeen: { pid: 1, nonce: "n1" } }, "not-pinned"],
+    ["PgBouncer's statement-pooling error on BEGIN", {
+      session,
+      probeSeen: { pid: 1, nonce: null },
+      failure: {
+        step: "opening a transaction on the probe",
+        error: serverError("transaction blocks not allowed in statement pooling mode", "08P01"),
+      },
+    }, "not-pinned"],
+    ["our session answering from another backend", {
+      session,
+      probeSeen: { pid: 1, nonce: null },
+      probeHeldPid: 1,
+      sessionAgain: { pid: 7, nonce: "n1" },
+    }, "not-pinned"],
+    ["our session answering without its mark", {
+      session,
+      probeSeen: { pid: 4242, nonce: null },
+      probeHeldPid: 4242,
+      sessionAgain: { pid: 4242, nonce: null },
+    }, "not-pinned"],
+    ["the probe on our pid while our session stayed on it", {
+      session,
+      probeSeen: { pid: 1, nonce: null },
+      probeHeldPid: 4242,
+      sessionAgain: { pid: 4242, nonce: "n1" },
+    }, "not-pinned"],
+    ["a plain forwarder", {
+      session,
+      probeSeen: { pid: 1, nonce: null },
+      probeHeldPid: 1,
+      sessionAgain: { pid: 4242, nonce: "n1" },
+    }, "pinned"],
+    ["BEGIN refused because the probe's backend was terminated", {
+      session,
+      probeSeen: { pid: 1, nonce: null },
+      failure: {
+        step: "opening a transaction on the probe",
+        error: serverError("terminating connection due to administrator command", "57P01"),
+      },
+    }, "unknown"],
+    ["BEGIN refused because the connection was reset", {
+      session,
+      probeSeen: { pid: 1, nonce: null },
+      failure: {
+        step: "opening a transaction on the probe",
+        error: new Error("Connection terminated unexpectedly"),
+      },
+    }, "unknown"],
+    ["our pid reused by the probe after a restart, our session gone", {
+      session,
+      probeSeen: { pid: 4242, nonce: null },
+      probeHeldPid: 4242,
+      failure: { step: "asking this session again", error: new Error("Connection terminated") },
+    }, "unknown"],
+    ["a server shutting down at the probe's connect", {
+      session,
+      failure: {
+        step: "opening the probe connection",
+        error: serverError("the database system is shutting down", "57P03"),
+      },
+    }, "unknown"],
+    ["a probe that timed out", {
+      session,
+      probeSeen: { pid: 1, nonce: null },
+      failure: { step: "asking this session again", error: new Error("took longer") },
+    }, "unknown"],
+  ];
+  for (const [name, observations, kind] of cases) {
+    await t.step(`${name}: ${kind}`, () => {
+      assertEquals(judgeProbe(observations).kind, kind);
+    });
+  }
+});
+
+/** A fault to inject at one step of the probe. */
+type ProbeFault =
+  | "terminate the session's backend"
+  | "terminate the probe's backend"
+  | "terminate both backends"
+  | "reset every connection"
+  | "restart the server (immediate)"
+  | "restart the server (fast)";
+
+async function injectProbeFault(
+  fault: ProbeFault,
+  server: TestPostgres,
+  proxy: TcpProxy,
+  sessions: CheckSessions,
+): Promise<void> {
+  // pg_terminate_backend(pid, timeout) returns once the backend has exited.
+  const terminate = (pids: number[]) =>
+    server.query("SELECT pg_terminate_backend(pid, 5000) FROM unnest($1::int[]) AS pid", [pids]);
+  const probe = sessions.probe?.backendPid;
+  switch (fault) {
+    case "terminate the session's backend":
+      await terminate([sessions.session.backendPid]);
+      break;
+    case "terminate the probe's backend":
+      if (probe !== undefined) await terminate([probe]);
+      break;
+    case "terminate both backends":
+      await terminate([sessions.session.backendPid, ...(probe === undefined ? [] : [probe])]);
+      break;
+    case "reset every connection":
+      proxy.setMode("drop");
+      await new Promise((resolve) => setTimeout(resolve, 5));
+      proxy.setMode("pass");
+      break;
+    case "restart the server (immediate)":
+      await server.restart({ mode: "immediate" });
+      break;
+    case "restart the server (fast)":
+      await server.restart({ mode: "fast" });
+      break;
+  }
+}
+
+Deno.test("assertSessionPinned() through a TCP forwarder takes a fault at any step of the probe for a transient error, never a pooler", async (t) => {
+  await using server = await startPostgres();
+  await using proxy = await startTcpProxy(server);
+  const dsn = server.dsnFor({ port: proxy.port });
+  // Each step by the first line of what runs next.
+  const steps = [
+    "probe: connect",
+    "probe: SELECT pg_catalog.pg_backend_pid() AS pid,",
+    "probe: BEGIN",
+    "probe: SELECT pg_catalog.pg_backend_pid() AS pid",
+    "session: SELECT pg_catalog.pg_backend_pid() AS pid,",
+  ];
+  const faults: ProbeFault[] = [
+    "terminate the session's backend",
+    "terminate the probe's backend",
+    "terminate both backends",
+    "reset every connection",
+    "restart the server (immediate)",
+    "restart the server (fast)",
+  ];
+  for (const [index, step] of steps.entries()) {
+    for (const fault of faults) {
+      await t.step(`${fault} before step ${index + 1} (${step})`, async () => {
+        let hit = false;
+        const outcome = await checkPinned(dsn, async (text, sessions) => {
+          if (hit || text.split("\n")[0]!.trim() !== step) return;
+          hit = true;
+          await injectProbeFault(fault, server, proxy, sessions);
+        }).then(() => "pinned", (error: unknown) => error);
+        assert(hit, `the probe reached step ${step}: ${String(outcome)}`);
+        if (outcome === "pinned") {
+          // Only a fault that spares what the rest of the probe needs lets it pass: the probe's
+          // backend before it exists, or after its last statement.
+          assert(fault === "terminate the probe's backend" && (index === 0 || index === 4));
+          return;
+        }
+        assert(outcome instanceof ConnectionError, `a ConnectionError, got ${String(outcome)}`);
+        assert(!outcome.permanent, `not a pooler verdict: ${outcome.message}`);
+        assert(outcome.message.includes("Not a pooler verdict"), outcome.message);
+        assert(!outcome.message.includes(server.password), "the message holds no password");
+      });
+    }
+  }
+});
+
 Deno.test("assertSessionPinned() on real connections", async (t) => {
   await using server = await startPostgres();
 
@@ -81,13 +303,27 @@ Deno.test("assertSessionPinned() on real connections", async (t) => {
     assertEquals(await checkPinned(server.dsnFor({ port: proxy.port })), { probes: 1 });
   });
 
-  for (const mode of ["session", "transaction", "statement"] as const) {
+  const bouncers: [PoolMode, string, Record<string, string | number>][] = [
+    ["session", "", {}],
+    ["transaction", "", {}],
+    ["statement", "", {}],
+    // A reset between clients erases our mark; a pool of one makes the probe wait for ours.
+    ["transaction", " with a reset query and a pool of one", {
+      server_reset_query_always: 1,
+      default_pool_size: 1,
+    }],
+    ["transaction", " with a reset query", { server_reset_query_always: 1 }],
+    ["statement", " with a reset query", { server_reset_query_always: 1 }],
+  ];
+  for (const [mode, variant, settings] of bouncers) {
     const pinned = mode === "session";
     await t.step({
-      name: `PgBouncer in ${mode} pooling is ${pinned ? "accepted" : "refused"}${SKIP_NOTE}`,
+      name: `PgBouncer in ${mode} pooling${variant} is ${
+        pinned ? "accepted" : "refused"
+      }${SKIP_NOTE}`,
       ignore: NO_PGBOUNCER,
       fn: async () => {
-        await using bouncer = await startPgBouncer(server, { poolMode: mode });
+        await using bouncer = await startPgBouncer(server, { poolMode: mode, settings });
         if (pinned) {
           assertEquals(await checkPinned(bouncer.dsn), { probes: 1 });
           return;
@@ -103,6 +339,26 @@ Deno.test("assertSessionPinned() on real connections", async (t) => {
       },
     });
   }
+
+  await t.step({
+    name:
+      `PgBouncer in session pooling with a pool of one cannot be probed: a transient error${SKIP_NOTE}`,
+    ignore: NO_PGBOUNCER,
+    fn: async () => {
+      // The probe waits for the one server connection, which our session holds: no evidence
+      // either way, so the check times out and the lock retries.
+      await using bouncer = await startPgBouncer(server, {
+        poolMode: "session",
+        settings: { default_pool_size: 1 },
+      });
+      const error = await assertRejects(
+        () => checkPinned(bouncer.dsn, undefined, 300),
+        ConnectionError,
+      );
+      assert(!error.permanent, error.message);
+      assert(error.message.includes("longer than 300 ms"), error.message);
+    },
+  });
 });
 
 /** Holders of (key1, key2) as the server sees them, by backend pid. */

@@ -55,6 +55,11 @@ export interface TcpProxy extends AsyncDisposable {
   readonly latencyMs: number;
   /** The number of client connections open through the proxy. */
   readonly connections: number;
+  /**
+   * The number of client connections accepted since the proxy started (reset ones included): a
+   * test can tell from it that a client opened a new connection, and time a fault to it.
+   */
+  readonly accepted: number;
 
   /**
    * Switches the mode; see {@linkcode ProxyMode}. Takes effect at once.
@@ -137,6 +142,7 @@ class TcpProxyImpl implements TcpProxy {
   #latencyMs = 0;
   #port = 0;
   #links = new Set<Link>();
+  #accepted = 0;
   #closing: Promise<void> | undefined;
 
   constructor(target: ProxyTarget) {
@@ -175,6 +181,10 @@ class TcpProxyImpl implements TcpProxy {
     return this.#links.size;
   }
 
+  get accepted(): number {
+    return this.#accepted;
+  }
+
   setMode(mode: ProxyMode): void {
     if (mode !== "pass" && mode !== "blackhole" && mode !== "drop") {
       throw new RangeError(
@@ -199,6 +209,7 @@ class TcpProxyImpl implements TcpProxy {
   }
 
   #accept(client: net.Socket): void {
+    this.#accepted++;
     if (this.#mode === "drop" || this.#closing !== undefined) {
       client.on("error", () => {});
       client.resetAndDestroy();

@@ -72,6 +72,7 @@ Deno.test("startTcpProxy() forwards bytes both ways in pass mode", async () => {
   await client.send("hello");
   assert.equal(await client.read(), "hello");
   assert.equal(proxy.connections, 1);
+  assert.equal(proxy.accepted, 1);
   client.conn.close();
   await echo.stop();
 });
@@ -128,6 +129,7 @@ Deno.test("TcpProxy drop resets current connections and new ones", async () => {
   late.on("error", () => {});
   await assert.rejects(late.connect());
   assert.equal(proxy.connections, 0);
+  assert.equal(proxy.accepted, 2, "a connection reset on accept still counts");
 
   proxy.setMode("pass");
   const again = new PgClient({ connectionString: server.dsnFor(proxy) });
