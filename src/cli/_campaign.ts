@@ -122,7 +122,7 @@ export class Campaign implements AsyncDisposable {
     const { settings, logger, metrics: extra } = options;
     const campaign = new Campaign(options);
     if (settings.http !== undefined) {
-      const lockMetrics = new LockMetrics(campaign.lock);
+      const lockMetrics = new LockMetrics(campaign.lock, settings.name);
       try {
         campaign.#http = serveEndpoints(settings.http, {
           lock: campaign.lock,

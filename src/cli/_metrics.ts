@@ -39,6 +39,7 @@ const LOST_REASONS: readonly LostReason[] = [
 /** Counts a lock's events and renders its metrics. */
 export class LockMetrics {
   readonly #lock: LeaderLock;
+  readonly #name: string | undefined;
   readonly #transitions = new Map<string, number>(TRANSITION_KINDS.map((kind) => [kind, 0]));
   readonly #losses = new Map<string, number>(LOST_REASONS.map((reason) => [reason, 0]));
   #acquireFailures = 0;
@@ -49,9 +50,11 @@ export class LockMetrics {
    * Starts counting the lock's events.
    *
    * @param lock The lock.
+   * @param name The lock's name, when it was named: a label of `pgleaderlock_info`.
    */
-  constructor(lock: LeaderLock) {
+  constructor(lock: LeaderLock, name?: string) {
     this.#lock = lock;
+    this.#name = name;
     const count = (map: Map<string, number>, key: string) => map.set(key, (map.get(key) ?? 0) + 1);
     lock.addEventListener("acquired", () => count(this.#transitions, "acquired"));
     lock.addEventListener("released", () => count(this.#transitions, "released"));
@@ -77,10 +80,16 @@ export class LockMetrics {
     return [
       {
         name: "pgleaderlock_info",
-        help: "The lock this process competes for, and its identity (always 1).",
+        help:
+          "The lock this process competes for (its name when named), and its identity (always 1).",
         type: "gauge",
         samples: [{
-          labels: { key1: String(lock.key1), key2: String(lock.key2), identity: lock.identity },
+          labels: {
+            ...(this.#name !== undefined ? { name: this.#name } : {}),
+            key1: String(lock.key1),
+            key2: String(lock.key2),
+            identity: lock.identity,
+          },
           value: 1,
         }],
       },

@@ -1,6 +1,7 @@
 import { deepEqual, equal, ok } from "node:assert/strict";
 // @ts-types="./_prometheus.d.ts"
 import parsePrometheus from "npm:parse-prometheus-text-format@1.1.1";
+import { lockKeys } from "../../src/lock_name.ts";
 import { startPostgres } from "../../testing.ts";
 import { cli, eventually, freshKeys, jsonLines, nextEvent, stderrEvent } from "./_cli.ts";
 
@@ -149,4 +150,35 @@ Deno.test("exec --http also reports whether its command runs", async () => {
   // sleep dies of the forwarded SIGTERM: 128 + 15.
   equal((await a.status).code, 143);
   ok(jsonLines(a.stderrText()).some((e) => e.event === "released"));
+});
+
+Deno.test("a named lock shows its name in /leader and in pgleaderlock_info", async () => {
+  await using pg = await startPostgres();
+  const name = `bill"ing-é-${crypto.randomUUID()}`;
+  const { key1, key2 } = lockKeys(name);
+  await using a = cli([
+    "run",
+    "--json",
+    "--name",
+    name,
+    ...FAST,
+    "--identity",
+    "named",
+    "--http",
+    "127.0.0.1:0",
+    "--dsn",
+    pg.dsn,
+  ]);
+  const url = String((await nextEvent(a, "http")).url);
+  await nextEvent(a, "acquired");
+  const leader = await get(`${url}/leader`);
+  const body = leader.body as Record<string, unknown>;
+  deepEqual([leader.status, body.name, body.key1, body.key2], [200, name, key1, key2]);
+  const { values } = await scrape(url);
+  equal(
+    values.get(`pgleaderlock_info{name="${name}",key1="${key1}",key2="${key2}",identity="named"}`),
+    1,
+  );
+  a.kill("SIGTERM");
+  equal((await a.status).code, 0);
 });
