@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { LeaderLock, type LeaderLockOptions } from "../leader_lock.ts";
+import { LeaderLock, type LeaderLockOptions } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
 import { type HttpEndpoints, serveEndpoints } from "./_http.ts";
 import { type LockSettings, LoggedRetry, logLockEvents } from "./_lock_flags.ts";
@@ -237,6 +237,26 @@ export function aborted(signal: AbortSignal): Promise<void> {
   return new Promise((resolve) =>
     signal.addEventListener("abort", () => resolve(), { once: true })
   );
+}
+
+/**
+ * Waits `ms`, or less when `signal` aborts (then it resolves too: callers look at the signal).
+ *
+ * @param ms How long.
+ * @param signal Ends the wait early.
+ * @returns A promise that never rejects.
+ */
+export function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal.addEventListener("abort", done, { once: true });
+  });
 }
 
 /** Signals that stop `run` and `exec`. */

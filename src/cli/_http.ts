@@ -3,7 +3,7 @@
  *
  * @module
  */
-import type { LeaderLock } from "../leader_lock.ts";
+import type { LeaderLock } from "../../mod.ts";
 import type { ListenAddress } from "./_args.ts";
 import type { HolderInfo } from "./_campaign.ts";
 import { type MetricFamily, renderMetrics } from "./_metrics.ts";

@@ -6,9 +6,15 @@
  * @module
  */
 import { type ConnectionParams, parseDsn, redactDsn } from "../dsn.ts";
-import type { AcquireMode, LeaderLock, LeaderLockOptions } from "../leader_lock.ts";
+import {
+  type AcquireMode,
+  ExponentialBackoff,
+  type LeaderLock,
+  type LeaderLockOptions,
+  type RetryContext,
+  type RetryStrategy,
+} from "../../mod.ts";
 import { lockKeys } from "../lock_name.ts";
-import { ExponentialBackoff, type RetryContext, type RetryStrategy } from "../retry.ts";
 import {
   type FlagSpecs,
   int32,
@@ -348,8 +354,8 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
     needs,
     options: {
       dsn: dsn.dsn,
-      key1,
-      key2,
+      // A named lock passes its name: the lock derives the same keys and reports the name.
+      ...(name !== undefined ? { name } : { key1, key2 }),
       healthIntervalMs,
       leaseMs,
       retryStrategy: new ExponentialBackoff({ baseMs: retryBaseMs, maxMs: retryMaxMs }),

@@ -3,8 +3,8 @@
  *
  * @module
  */
-import type { LeaderLock } from "../leader_lock.ts";
-import type { LostReason } from "../events.ts";
+import type { LeaderLock } from "../../mod.ts";
+import type { LostReason } from "../../mod.ts";
 import { LOCK_STATES } from "../state.ts";
 
 /** One sample: a value and its labels. */

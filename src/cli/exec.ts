@@ -37,7 +37,7 @@
  * @module
  */
 import { parseDsn } from "../dsn.ts";
-import type { LeaderLock } from "../leader_lock.ts";
+import type { LeaderLock } from "../../mod.ts";
 import { leaseMarginMs } from "../lease.ts";
 import { parseArgs, seconds, UsageError } from "./_args.ts";
 import { Campaign, onSignals, STOP_SIGNALS } from "./_campaign.ts";

@@ -5,11 +5,9 @@
  *
  * @module
  */
-import { sleep } from "../_async.ts";
-import { inspectLocks } from "../who_leads.ts";
-import type { AdvisoryLockInfo, SessionInfo } from "../protocol.ts";
+import { type AdvisoryLockInfo, inspectLocks, type SessionInfo } from "../../mod.ts";
 import { parseArgs, seconds, UsageError } from "./_args.ts";
-import { onSignals, STOP_SIGNALS } from "./_campaign.ts";
+import { onSignals, sleep, STOP_SIGNALS } from "./_campaign.ts";
 import { dsnSettings, type LockTarget, lockTarget } from "./_lock_flags.ts";
 import { type CliIo, errorMessage, type FieldValue, Logger } from "./_output.ts";
 import { EXIT_NO_PERMISSION, requirePermissions } from "./_permissions.ts";
@@ -104,7 +102,7 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
       logger.event("error", { message: errorMessage(error) });
       if (!watch) return 1;
       code = 1;
-      await sleep(intervalMs, [controller.signal]);
+      await sleep(intervalMs, controller.signal);
       if (controller.signal.aborted) return code;
       previous = undefined;
       continue;
@@ -119,7 +117,7 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
       const before = seen?.get(id);
       next.set(id, {
         pid: lock.holder.pid,
-        since: before?.pid === lock.holder.pid
+        since: before !== undefined && before.pid === lock.holder.pid
           ? before.since
           : seen === undefined
           ? undefined
@@ -134,7 +132,7 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
       previous = snapshot;
     }
     if (!watch) return code;
-    await sleep(intervalMs, [controller.signal]);
+    await sleep(intervalMs, controller.signal);
     if (controller.signal.aborted) return code;
   }
 }
