@@ -38,10 +38,10 @@ export class MemberProcess {
    * @param name A name for messages.
    * @param options The member's options.
    */
-  constructor(name: string, options: Record<string, unknown>) {
+  constructor(name: string, options: Record<string, unknown>, denoFlags: readonly string[] = []) {
     this.name = name;
     this.#child = new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", "--config", CONFIG, MEMBER_SCRIPT, JSON.stringify(options)],
+      args: ["run", "-A", ...denoFlags, "--config", CONFIG, MEMBER_SCRIPT, JSON.stringify(options)],
       stdout: "piped",
       stderr: "inherit",
       stdin: "null",
@@ -96,6 +96,11 @@ export class MemberProcess {
     this.#child.kill("SIGKILL");
     this.killedAt = wallNow();
     await this.exited();
+  }
+
+  /** Sends a signal. */
+  signal(signal: Deno.Signal): void {
+    this.#child.kill(signal);
   }
 
   /** SIGSTOP. */

@@ -52,6 +52,13 @@ group.addEventListener("error", (e) => {
   print({ type: "error", message: String(error?.message ?? error) });
 });
 
+// SIGUSR2: print the heap after a full GC (when run with --v8-flags=--expose-gc), for the bench.
+Deno.addSignalListener("SIGUSR2", () => {
+  (globalThis as { gc?: () => void }).gc?.();
+  const { heapUsed, rss } = Deno.memoryUsage();
+  print({ type: "memory", heapUsed, rss, leading: group.leading.size });
+});
+
 let stopping = false;
 Deno.addSignalListener("SIGTERM", async () => {
   if (stopping) return;

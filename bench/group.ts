@@ -1,0 +1,401 @@
+/**
+ * `deno run -A bench/group.ts [--quick]`: LeaderGroup on a throwaway PostgreSQL, every member a
+ * separate process, library defaults (healthIntervalMs 1000, leaseMs 3000, settleMs 10,
+ * handoverPollMs 50). For N shards x M processes: connections on the server, statements per
+ * second when idle, time from start to balanced, rebalance after a join (time, shards moved),
+ * failover of a SIGKILLed member's shards (per shard: kill -> new holder's `acquired`), overlap
+ * (the kit's checker on every shard's terms), and heap per shard in the process. Beside it: N
+ * LeaderLocks in one process for N up to 1000 (connections, statements per second idle).
+ * Writes bench/results/group.json and group.md (with --quick: bench/results/quick/).
+ *
+ * @module
+ */
+import { parseArgs } from "node:util";
+import { startPostgres, type TestPostgres } from "../testing.ts";
+import { LeaderLock } from "../mod.ts";
+import {
+  checkShards,
+  isBalanced,
+  MemberProcess,
+  waitForView,
+  wallNow,
+} from "../tests/group/_harness.ts";
+
+const { values: flags } = parseArgs({
+  args: Deno.args,
+  options: { quick: { type: "boolean", default: false } },
+});
+const quick = flags.quick ?? false;
+const SIZES = quick ? [10, 1000] : [10, 1000, 10000];
+const MEMBERS = quick ? [1, 3] : [1, 3, 10];
+const LOCKS = quick ? [10, 100] : [10, 100, 1000];
+const IDLE_WINDOW_MS = quick ? 2000 : 5000;
+const outDir = new URL(quick ? "./results/quick/" : "./results/", import.meta.url);
+
+interface GroupRow {
+  shards: number;
+  members: number;
+  connections: number;
+  statementsPerSecondIdle: number;
+  startToBalancedMs: number;
+  lastReadyToBalancedMs: number;
+  joinRebalanceMs: number | null;
+  joinMoved: number | null;
+  joinMinimum: number | null;
+  failoverShards: number | null;
+  failoverP50Ms: number | null;
+  failoverP99Ms: number | null;
+  failoverMaxMs: number | null;
+  killToBalancedMs: number | null;
+  terms: number;
+  overlapViolations: number;
+  maxOverlapMs: number;
+  heapPerShardBytes: number | null;
+}
+
+interface LockRow {
+  locks: number;
+  connections: number;
+  statementsPerSecondIdle: number;
+  startToAllFollowingMs: number;
+}
+
+function percentile(values: number[], p: number): number {
+  const sorted = [...values].sort((a, b) => a - b);
+  return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(p * sorted.length) - 1))]!;
+}
+
+async function connections(pg: TestPostgres, prefix: string): Promise<number> {
+  const [row] = await pg.query(
+    `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE $1`,
+    [`${prefix}%`],
+  );
+  return Number(row!.n);
+}
+
+let marks = 0;
+
+/**
+ * Statements per second run by sessions whose application_name starts with `prefix`, counted in
+ * the server log (log_statement = all, application_name first on every line) between two marker
+ * statements `IDLE_WINDOW_MS` apart.
+ */
+async function idleRate(
+  pg: TestPostgres,
+  prefix: string,
+  windowMs = IDLE_WINDOW_MS,
+): Promise<number> {
+  const id = ++marks;
+  const t0 = performance.now();
+  await pg.query(`SELECT 'bench-mark-${id}-start'`);
+  await new Promise((resolve) => setTimeout(resolve, windowMs));
+  await pg.query(`SELECT 'bench-mark-${id}-end'`);
+  const elapsed = performance.now() - t0;
+  await new Promise((resolve) => setTimeout(resolve, 200));
+  const log = await Deno.readTextFile(pg.logFile);
+  const start = log.indexOf(`bench-mark-${id}-start`);
+  const end = log.indexOf(`bench-mark-${id}-end`);
+  if (start < 0 || end < 0) throw new Error("markers not found in the server log");
+  let count = 0;
+  for (const line of log.slice(start, end).split("\n")) {
+    if (line.startsWith(prefix) && /LOG:\s+(statement|execute)/.test(line)) count++;
+  }
+  return count / (elapsed / 1000);
+}
+
+async function holders(pg: TestPostgres, key1: number): Promise<Map<number, number>> {
+  const rows = await pg.query(
+    `SELECT objid::int8 AS k, pid FROM pg_locks
+      WHERE locktype = 'advisory' AND granted AND classid = $1::int4::oid AND objsubid = 2`,
+    [key1],
+  );
+  return new Map(rows.map((r) => [Number(r.k), Number(r.pid)]));
+}
+
+async function heapOf(member: MemberProcess): Promise<number> {
+  const seen = member.records.length;
+  member.signal("SIGUSR2");
+  const end = performance.now() + 10_000;
+  for (;;) {
+    const record = member.records.slice(seen).find((r) => r.type === "memory") as
+      | { heapUsed?: number }
+      | undefined;
+    if (record?.heapUsed !== undefined) return record.heapUsed;
+    if (performance.now() > end) throw new Error("no memory record");
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): Promise<GroupRow> {
+  const all: MemberProcess[] = [];
+  const prefix = `bg${key1}-`;
+  const spawn = (i: number) => {
+    const member = new MemberProcess(
+      `${prefix}${i}`,
+      { dsn: pg.dsn, key1, shards: n, identity: `${prefix}${i}`, quiet: true },
+      ["--v8-flags=--expose-gc"],
+    );
+    all.push(member);
+    return member;
+  };
+  const timeout = 60_000 + n * 10;
+  try {
+    const t0 = wallNow();
+    for (let i = 0; i < m; i++) spawn(i);
+    const { at: balancedAt } = await waitForView(
+      pg,
+      key1,
+      n,
+      (v) => isBalanced(v, n, m),
+      timeout,
+      `${m} members balanced over ${n} shards`,
+      20,
+    );
+    const lastReady = Math.max(
+      ...all.map((p) => p.records.find((r) => r.type === "ready")?.t ?? balancedAt),
+    );
+    const conns = await connections(pg, prefix);
+    const idle = await idleRate(pg, prefix);
+    const heap = m === 1 ? await heapOf(all[0]!) : null;
+
+    // A member joins.
+    const before = await holders(pg, key1);
+    const joinAt = wallNow();
+    spawn(m);
+    const { at: rebalancedAt } = await waitForView(
+      pg,
+      key1,
+      n,
+      (v) => isBalanced(v, n, m + 1),
+      timeout,
+      `${m + 1} members balanced after a join`,
+      20,
+    );
+    const after = await holders(pg, key1);
+    let moved = 0;
+    for (const [k, pid] of after) if (before.get(k) !== pid) moved++;
+
+    // SIGKILL the oldest member: per shard, kill -> the new holder's acquired line.
+    const victim = all[0]!;
+    const victimPid = victim.records.find((r) => r.type === "ready")?.backendPid;
+    const victimShards = [...after.entries()].filter(([, pid]) => pid === victimPid).map(([k]) =>
+      k
+    );
+    await victim.kill();
+    const killedAt = victim.killedAt!;
+    const { at: recoveredAt } = await waitForView(
+      pg,
+      key1,
+      n,
+      (v) => isBalanced(v, n, m),
+      timeout,
+      `${m} members balanced after the SIGKILL`,
+      20,
+    );
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const failover: number[] = [];
+    for (const k of victimShards) {
+      let first = Infinity;
+      for (const p of all.slice(1)) {
+        const r = p.records.find((r) => r.type === "acquired" && r.key2 === k && r.t > killedAt);
+        if (r) first = Math.min(first, r.t);
+      }
+      if (first !== Infinity) failover.push(first - killedAt);
+    }
+    await Promise.all(all.filter((p) => p.running).map((p) => p.leave()));
+    const reports = checkShards(all, 3000);
+    let violations = 0;
+    let maxOverlap = 0;
+    let terms = 0;
+    for (const report of reports.values()) {
+      violations += report.violations.length;
+      maxOverlap = Math.max(maxOverlap, report.maxOverlapMs);
+      terms += report.terms.length;
+    }
+    return {
+      shards: n,
+      members: m,
+      connections: conns,
+      statementsPerSecondIdle: Math.round(idle * 10) / 10,
+      startToBalancedMs: Math.round(balancedAt - t0),
+      lastReadyToBalancedMs: Math.round(balancedAt - lastReady),
+      joinRebalanceMs: Math.round(rebalancedAt - joinAt),
+      joinMoved: moved,
+      joinMinimum: Math.floor(n / (m + 1)),
+      failoverShards: failover.length,
+      failoverP50Ms: failover.length ? Math.round(percentile(failover, 0.5)) : null,
+      failoverP99Ms: failover.length ? Math.round(percentile(failover, 0.99)) : null,
+      failoverMaxMs: failover.length ? Math.round(Math.max(...failover)) : null,
+      killToBalancedMs: Math.round(recoveredAt - killedAt),
+      terms,
+      overlapViolations: violations,
+      maxOverlapMs: maxOverlap,
+      heapPerShardBytes: heap,
+    };
+  } finally {
+    await Promise.all(all.map((p) => p.dispose()));
+  }
+}
+
+async function runLocks(pg: TestPostgres, n: number, key1: number): Promise<LockRow> {
+  const prefix = `bl${key1}-`;
+  const locks = Array.from(
+    { length: n },
+    (_, i) =>
+      new LeaderLock({
+        dsn: pg.dsn,
+        key1,
+        key2: i,
+        identity: `${prefix}${i}`,
+      }),
+  );
+  const t0 = performance.now();
+  try {
+    await Promise.all(locks.map((l) => l.start()));
+    while (locks.some((l) => !l.isLeader)) {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    const started = performance.now() - t0;
+    const conns = await connections(pg, prefix);
+    // Two health intervals (5 s each by default): the locks started together check in phase.
+    const idle = await idleRate(pg, prefix, 10_000);
+    return {
+      locks: n,
+      connections: conns,
+      statementsPerSecondIdle: Math.round(idle * 10) / 10,
+      startToAllFollowingMs: Math.round(started),
+    };
+  } finally {
+    await Promise.all(locks.map((l) => l.shutdown().catch(() => {})));
+  }
+}
+
+const pg = await startPostgres({
+  settings: {
+    max_connections: 1200,
+    max_locks_per_transaction: 128,
+    log_statement: "all",
+    log_line_prefix: "%a|",
+  },
+});
+const groups: GroupRow[] = [];
+const lockRows: LockRow[] = [];
+try {
+  let key1 = 100;
+  for (const n of SIZES) {
+    for (const m of MEMBERS) {
+      const row = await runGroup(pg, n, m, key1++);
+      console.log(JSON.stringify(row));
+      groups.push(row);
+    }
+  }
+  for (const n of LOCKS) {
+    const row = await runLocks(pg, n, key1++);
+    console.log(JSON.stringify(row));
+    lockRows.push(row);
+  }
+} finally {
+  await pg.close();
+}
+
+const heap10 = groups.find((g) => g.members === 1 && g.shards === SIZES[0])?.heapPerShardBytes;
+const heapBig = groups.find((g) => g.members === 1 && g.shards === SIZES.at(-1))
+  ?.heapPerShardBytes;
+const heapPerShard = heap10 != null && heapBig != null
+  ? Math.round((heapBig - heap10) / (SIZES.at(-1)! - SIZES[0]!))
+  : null;
+
+const env = {
+  date: new Date().toISOString(),
+  cpus: navigator.hardwareConcurrency,
+  deno: Deno.version.deno,
+  postgres: pg.version,
+  loadavg: Deno.loadavg(),
+  quick,
+};
+await Deno.mkdir(outDir, { recursive: true });
+await Deno.writeTextFile(
+  new URL("group.json", outDir),
+  JSON.stringify({ env, groups, heapPerShardBytes: heapPerShard, leaderLocks: lockRows }, null, 2) +
+    "\n",
+);
+const table = (header: string[], rows: (string | number | null)[][]) =>
+  [
+    `| ${header.join(" | ")} |`,
+    `| ${header.map(() => "---").join(" | ")} |`,
+    ...rows.map((r) => `| ${r.map((v) => v ?? "-").join(" | ")} |`),
+  ].join("\n");
+const md = `# LeaderGroup benchmark
+
+Measured ${env.date} on ${env.cpus} cores, PostgreSQL ${env.postgres}, Deno ${env.deno}, loopback TCP,
+load average at the end ${env.loadavg.map((l) => l.toFixed(2)).join(" ")}${
+  quick ? " (--quick)" : ""
+}. Library defaults: healthIntervalMs 1000, leaseMs 3000, settleMs 10, handoverPollMs 50. Every
+member is a separate Deno process; times include process start-up (about 100-300 ms).
+
+- start -> balanced: from spawning the M processes to every shard held and every member at
+  floor(N/M)..ceil(N/M) (read from pg_locks every 20 ms); "last ready" counts from the last
+  member's join instead.
+- join: one more process spawned -> balanced over M+1; moved = shards whose holder changed
+  (minimum possible: floor(N/(M+1))).
+- failover: the oldest member SIGKILLed after the join; per shard it led, kill -> the new
+  holder's \`acquired\` event (one wall clock); p99 is nearest-rank.
+- overlap: the kit's checker on every shard's terms over the whole run (violations and longest
+  overlap).
+
+${
+  table(
+    [
+      "N",
+      "M",
+      "connections",
+      "stmts/s idle",
+      "start -> balanced ms",
+      "last ready -> balanced ms",
+      "join -> balanced ms",
+      "moved / min",
+      "failover shards",
+      "failover p50 / p99 / max ms",
+      "kill -> balanced ms",
+      "terms",
+      "overlap violations",
+      "max overlap ms",
+    ],
+    groups.map((g) => [
+      g.shards,
+      g.members,
+      g.connections,
+      g.statementsPerSecondIdle,
+      g.startToBalancedMs,
+      g.lastReadyToBalancedMs,
+      g.joinRebalanceMs,
+      `${g.joinMoved} / ${g.joinMinimum}`,
+      g.failoverShards,
+      `${g.failoverP50Ms} / ${g.failoverP99Ms} / ${g.failoverMaxMs}`,
+      g.killToBalancedMs,
+      g.terms,
+      g.overlapViolations,
+      g.maxOverlapMs,
+    ]),
+  )
+}
+
+Heap per shard in the process (M = 1, after a full GC, (heap at N=${SIZES.at(-1)} - heap at
+N=${SIZES[0]}) / ${SIZES.at(-1)! - SIZES[0]!}): ${heapPerShard ?? "-"} bytes.
+
+## N LeaderLocks in one process, for comparison
+
+One LeaderLock per key, library defaults (healthIntervalMs 5000), all in one process, each the
+only candidate of its key.
+
+${
+  table(
+    ["N", "connections", "stmts/s idle", "start -> all leading ms"],
+    lockRows.map((
+      r,
+    ) => [r.locks, r.connections, r.statementsPerSecondIdle, r.startToAllFollowingMs]),
+  )
+}
+`;
+await Deno.writeTextFile(new URL("group.md", outDir), md);
+console.log(md);
