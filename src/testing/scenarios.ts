@@ -4,6 +4,11 @@
  * leader has to survive, injected one at a time while the {@linkcode checkTerms} checker watches
  * every term.
  *
+ * Safety and liveness are both checked when a fleet closes: never two leaders, tokens increasing,
+ * and also no candidate stopped competing unless the harness asked it to, and the fleet never went
+ * without a leader for longer than {@linkcode leaderlessBoundMs} of its timings, outside the
+ * moments the server was down or frozen.
+ *
  * @module
  */
 import {
@@ -14,6 +19,7 @@ import {
   checkTerms,
   type FreezeInterval,
   parseCandidateLine,
+  type TimeInterval,
   type Violation,
 } from "./checker.ts";
 import type { CandidateConfig } from "./candidate.ts";
@@ -40,7 +46,13 @@ export type FaultKind =
   /** The leader's TCP path holds all traffic for twice the lease, then heals. */
   | "blackhole"
   /** The TCP path resets every connection for a moment shorter than the reconnect grace. */
-  | "blip";
+  | "blip"
+  /**
+   * Every candidate's backend is terminated, then every one again a few ms later, while they
+   * reconnect: behind their proxies each reconnect runs the pooler probe, which must take the
+   * failure for a transient one (the candidates keep competing).
+   */
+  | "reconnect-storm";
 
 /** Every {@linkcode FaultKind}, in the order the scenarios run them. */
 export const FAULT_KINDS: readonly FaultKind[] = [
@@ -52,6 +64,7 @@ export const FAULT_KINDS: readonly FaultKind[] = [
   "process-freeze",
   "blackhole",
   "blip",
+  "reconnect-storm",
 ];
 
 /**
@@ -70,6 +83,44 @@ export const SCENARIO_TIMINGS = {
   settleMs: 100,
   retry: { kind: "fixed", intervalMs: 100 },
 } as const satisfies Partial<CandidateConfig>;
+
+/** How much a loaded 2-core machine may add to a leaderless stretch: scheduling, connecting. */
+const LIVENESS_SLACK_MS = 1000;
+
+/**
+ * The documented bound on how long candidates with these timings may go without a leader,
+ * outside the moments the server is down, restarting or frozen:
+ * `leaseMs + the longest retry delay + settleMs + 1000 ms`.
+ *
+ * - `leaseMs`: a leader that goes silent (frozen, cut off) stops claiming at its lease deadline,
+ *   and the server ends its session, freeing the lock, `leaseMs` after its last statement
+ *   (`idle_session_timeout`, `tcp_user_timeout`); a follower waiting in the lock queue is granted
+ *   it then.
+ * - the longest retry delay: once the server is back, a candidate whose session it ended
+ *   reconnects at once, then as the retry strategy says (`intervalMs` of a fixed interval,
+ *   `maxMs` of a backoff, 30 s by default).
+ * - `settleMs`: a new holder of a lock whose previous holder's session ended waits it before it
+ *   announces.
+ * - 1000 ms: connecting (with the pooler probe behind a forwarder) and scheduling on a loaded
+ *   2-core machine.
+ *
+ * @example The bound of the scenarios' timings
+ * ```ts
+ * import { leaderlessBoundMs, SCENARIO_TIMINGS } from "./scenarios.ts";
+ * import { equal } from "node:assert/strict";
+ *
+ * equal(leaderlessBoundMs(SCENARIO_TIMINGS), 1000 + 100 + 100 + 1000);
+ * ```
+ *
+ * @param timings Candidate options (missing ones take LeaderLock's defaults).
+ * @returns The bound in ms.
+ */
+export function leaderlessBoundMs(timings: Partial<CandidateConfig>): number {
+  const { healthIntervalMs = 5000, settleMs = 10, retry } = timings;
+  const { leaseMs = 3 * healthIntervalMs } = timings;
+  const retryMs = retry?.kind === "fixed" ? retry.intervalMs : retry?.maxMs ?? 30_000;
+  return leaseMs + retryMs + settleMs + LIVENESS_SLACK_MS;
+}
 
 /** Options of {@linkcode Fleet.start}. */
 export interface FleetOptions {
@@ -127,6 +178,14 @@ export interface FleetOptions {
    * @default {the password the candidates log in with}
    */
   secrets?: readonly string[];
+  /**
+   * The longest the fleet may go without a leader outside the excused intervals (the server
+   * down or frozen, {@linkcode Fleet.excuse}): a longer stretch is a `leaderless` violation when
+   * the fleet closes. `Infinity` turns the check off.
+   *
+   * @default {leaderlessBoundMs(candidate)}
+   */
+  maxLeaderlessMs?: number;
 }
 
 /** Wall-clock milliseconds with sub-millisecond precision, the candidates' clock. */
@@ -151,6 +210,10 @@ export class Member {
   readonly otherLines: string[] = [];
   /** When SIGKILL was sent. */
   killedAt: number | undefined;
+  /** When the harness asked it to stop (SIGTERM). */
+  stopRequestedAt: number | undefined;
+  /** When the harness saw the process exit. */
+  exitedAt: number | undefined;
   /** Freezes and thaws. */
   readonly freezes: { from: number; to: number }[] = [];
   readonly #reading: Promise<void>;
@@ -179,6 +242,10 @@ export class Member {
     this.#leaseMs = leaseMs;
     this.#onRecord = onRecord;
     this.#reading = this.#read();
+    process.status.then(() => {
+      this.exitedAt = wallNow();
+      onRecord();
+    });
   }
 
   async #read(): Promise<void> {
@@ -224,6 +291,26 @@ export class Member {
     return this.records.filter((r) => r.type === type && r.t >= since);
   }
 
+  /** SIGTERM (a clean shutdown), recording the moment. */
+  stop(): void {
+    if (this.frozen) this.thaw();
+    this.stopRequestedAt ??= wallNow();
+    this.process.kill("SIGTERM");
+  }
+
+  /**
+   * Whether it stopped competing without being told to: it printed `stopped`, or its process
+   * exited, before any SIGTERM or SIGKILL from the harness.
+   */
+  get stoppedUnasked(): boolean {
+    const askedAt = Math.min(this.stopRequestedAt ?? Infinity, this.killedAt ?? Infinity);
+    const stopped = this.records.find((r) =>
+      r.type === "stopped" || (r.type === "state" && r.to === "stopped")
+    );
+    return (stopped !== undefined && stopped.t < askedAt) ||
+      (this.exitedAt !== undefined && this.exitedAt < askedAt);
+  }
+
   /** SIGKILL, recording the moment. */
   kill(): void {
     if (this.frozen) this.thaw();
@@ -255,6 +342,8 @@ export class Member {
       killedAt: this.killedAt,
       freezes: this.freezes as FreezeInterval[],
       leaseMs: this.#leaseMs,
+      stopRequestedAt: this.stopRequestedAt,
+      exitedAt: this.exitedAt,
     };
   }
 
@@ -280,6 +369,8 @@ export class Fleet implements AsyncDisposable {
   readonly #dsn: string | undefined;
   readonly #role: { user: string; password: string } | undefined;
   readonly #secrets: readonly string[];
+  readonly #maxLeaderlessMs: number;
+  readonly #excused: TimeInterval[] = [];
   readonly #waiters = new Set<() => void>();
   #generation = new Map<number, number>();
   readonly #notes: [number, string][] = [];
@@ -294,6 +385,7 @@ export class Fleet implements AsyncDisposable {
     dsn: string | undefined,
     role: { user: string; password: string } | undefined,
     secrets: readonly string[],
+    maxLeaderlessMs: number,
   ) {
     this.server = server;
     this.keys = keys;
@@ -303,6 +395,7 @@ export class Fleet implements AsyncDisposable {
     this.#dsn = dsn;
     this.#role = role;
     this.#secrets = secrets;
+    this.#maxLeaderlessMs = maxLeaderlessMs;
   }
 
   /**
@@ -321,7 +414,13 @@ export class Fleet implements AsyncDisposable {
       dsn,
       role,
       secrets = [role?.password ?? server.password],
+      maxLeaderlessMs = leaderlessBoundMs(candidate),
     } = options;
+    if (!(maxLeaderlessMs >= 0)) {
+      throw new RangeError(
+        `Cannot start a fleet as 'maxLeaderlessMs' must be a number >= 0: current value is ${maxLeaderlessMs}`,
+      );
+    }
     const proxies = dsn !== undefined || options.proxies === false ? [] : await Promise.all(
       Array.from({ length: size }, () => startTcpProxy({ host: server.host, port: server.port })),
     );
@@ -334,6 +433,7 @@ export class Fleet implements AsyncDisposable {
       dsn,
       role,
       secrets,
+      maxLeaderlessMs,
     );
     try {
       for (let slot = 0; slot < size; slot++) fleet.spawn(slot);
@@ -369,6 +469,17 @@ export class Fleet implements AsyncDisposable {
     const member = new Member(name, slot, process, config.leaseMs, () => this.#notify());
     this.members.push(member);
     return member;
+  }
+
+  /**
+   * Records a stretch of time in which no leader is possible (the server down, restarting or
+   * frozen): the liveness check measures leaderless stretches without it.
+   *
+   * @param from Wall-clock ms.
+   * @param to Wall-clock ms.
+   */
+  excuse(from: number, to: number): void {
+    this.#excused.push({ from, to });
   }
 
   /** The members whose process runs. */
@@ -504,7 +615,9 @@ export class Fleet implements AsyncDisposable {
   /** A dump of who printed what, for error messages. */
   describe(): string {
     return this.members.map((m) =>
-      `${m.name} (pid ${m.process.pid}${m.alive ? "" : ", gone"}${m.frozen ? ", frozen" : ""}): ` +
+      `${m.name} (pid ${m.process.pid}${m.alive ? "" : ", gone"}${m.frozen ? ", frozen" : ""}${
+        m.stoppedUnasked ? ", STOPPED UNASKED" : ""
+      }): ` +
       m.records.slice(-8).map((r) =>
         r.type === "state" ? `${r.from}->${r.to}` : r.type + (r.reason ? `(${r.reason})` : "")
       ).join(" ") +
@@ -514,7 +627,8 @@ export class Fleet implements AsyncDisposable {
 
   /**
    * Stops every candidate (thaws, heals every proxy, SIGTERM, SIGKILL after 15 s), closes the
-   * proxies, and checks the terms and the server. Safe to call twice.
+   * proxies, and checks the terms (safety and liveness, up to the SIGTERM) and the server. Safe to
+   * call twice.
    *
    * @returns The checker's report and what was left on the server.
    */
@@ -526,7 +640,7 @@ export class Fleet implements AsyncDisposable {
   async #close(): Promise<CheckReport & { serverViolations: Violation[] }> {
     for (const proxy of this.proxies) proxy.setMode("pass");
     for (const member of this.members) if (member.frozen) member.thaw();
-    for (const member of this.alive) member.process.kill("SIGTERM");
+    for (const member of this.alive) member.stop();
     await Promise.all(this.members.map(async (member) => {
       const timer = setTimeout(() => member.kill(), 15_000);
       try {
@@ -538,7 +652,10 @@ export class Fleet implements AsyncDisposable {
       await member.process[Symbol.asyncDispose]();
     }));
     await Promise.all(this.proxies.map((p) => p.close()));
-    const report = checkTerms(this.members.map((m) => m.log()));
+    const report = checkTerms(this.members.map((m) => m.log()), {
+      maxLeaderlessMs: this.#maxLeaderlessMs,
+      excused: this.#excused,
+    });
     const serverViolations = this.server.running
       ? await checkServerClean(this.server, { ...this.keys, identityPrefix: this.identityPrefix })
       : [];
@@ -603,6 +720,12 @@ export interface InjectFaultOptions {
    */
   blipAll?: boolean;
   /**
+   * How long a reconnect storm waits between its two rounds of terminations, in ms.
+   *
+   * @default {a random 5-30}
+   */
+  stormGapMs?: number;
+  /**
    * The member to hit with a process fault instead of the leader.
    *
    * @default {the leader}
@@ -637,6 +760,7 @@ export async function injectFault(
     durationMs = 2 * leaseMs,
     blipMs = 100,
     blipAll = false,
+    stormGapMs = 5 + Math.floor(Math.random() * 26),
     timeoutMs = LINE_TIMEOUT_MS,
   } = options;
   const leader = await fleet.settled();
@@ -725,11 +849,20 @@ export async function injectFault(
       await waitNewTerm("a leader after the blip");
       break;
     }
+    case "reconnect-storm":
+      at = wallNow();
+      await terminateCandidates(server);
+      await sleep(stormGapMs);
+      await terminateCandidates(server);
+      await waitNewTerm("a leader after the reconnect storm");
+      break;
     default:
       throw new RangeError(`Cannot inject fault '${fault}': unknown fault`);
   }
   fleet.note(`${fault} injected (target ${target.name})`, at);
   if (healedAt !== undefined) fleet.note(`${fault} healed`, healedAt);
+  // Nobody can lead while the server is down or frozen: the liveness bound runs from the heal.
+  if (SERVER_OUTAGES.has(fault) && healedAt !== undefined) fleet.excuse(at, healedAt);
   await fleet.waitFor(() => newTerm() !== undefined, timeoutMs, `a leader after ${fault}`);
   const next = newTerm()!;
   if (fault === "sigkill") fleet.spawn(target.slot);
@@ -744,6 +877,22 @@ export async function injectFault(
     afterHealMs: healedAt === undefined ? undefined : next.record.t - healedAt,
     sameLeader: next.member === leader,
   };
+}
+
+/** The faults during which no candidate can lead. */
+const SERVER_OUTAGES: ReadonlySet<FaultKind> = new Set([
+  "restart-fast",
+  "restart-immediate",
+  "server-freeze",
+]);
+
+/** Terminates every TCP client backend: the candidates' (the harness queries over a socket). */
+async function terminateCandidates(server: TestPostgres): Promise<void> {
+  await server.query(
+    `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+       WHERE backend_type = 'client backend' AND client_addr IS NOT NULL
+         AND pid <> pg_backend_pid()`,
+  );
 }
 
 async function backendOf(fleet: Fleet, member: Member): Promise<number> {
@@ -826,9 +975,10 @@ export async function runScenario(
   options: RunScenarioOptions,
 ): Promise<ScenarioReport> {
   const { rounds = 3, ...rest } = options;
-  // Only the network faults need a proxy on each candidate's path.
+  // The network faults need a proxy on each candidate's path; the reconnect storm one to make
+  // every connect run the pooler probe.
   const fleet = await Fleet.start({
-    proxies: fault === "blackhole" || fault === "blip",
+    proxies: fault === "blackhole" || fault === "blip" || fault === "reconnect-storm",
     ...rest,
   });
   const faults: FaultOutcome[] = [];
@@ -926,7 +1076,10 @@ export async function runSoak(options: RunSoakOptions): Promise<ScenarioReport> 
         ? pick(followers)
         : undefined;
       const outcome = target === undefined
-        ? await injectFault(fleet, fault, { blipAll: random() < 0.5 })
+        ? await injectFault(fleet, fault, {
+          blipAll: random() < 0.5,
+          stormGapMs: 5 + Math.floor(random() * 26),
+        })
         : await injectFollowerFault(fleet, fault, target);
       if (outcome !== undefined) {
         faults.push(outcome);
@@ -983,7 +1136,11 @@ export function formatReport(report: ScenarioReport): string {
   const lines = [
     `${report.name}: ${report.faults.length} faults, ${report.check.terms.length} terms, max overlap ${
       report.check.maxOverlapMs.toFixed(1)
-    } ms, closest handover ${gap === undefined ? "-" : gap.toFixed(1)} ms`,
+    } ms, closest handover ${
+      gap === undefined ? "-" : gap.toFixed(1)
+    } ms, longest without a leader ${
+      report.check.maxLeaderlessMs === undefined ? "-" : report.check.maxLeaderlessMs.toFixed(0)
+    } ms`,
   ];
   for (const [kind, s] of Object.entries(report.failoverMs)) {
     const ofKind = report.faults.filter((f) => f.fault === kind);

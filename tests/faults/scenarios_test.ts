@@ -21,6 +21,10 @@ const SCENARIOS: [FaultKind, string][] = [
   ["process-freeze", "a leader frozen past its lease is replaced and reports lost first on resume"],
   ["blackhole", "a leader cut off past its lease is replaced with no overlap"],
   ["blip", "a blip shorter than the reconnect grace leaves one leader and no overlap"],
+  [
+    "reconnect-storm",
+    "terminations while candidates reconnect through forwarders leave every candidate competing",
+  ],
 ];
 
 Deno.test("Leadership terms never overlap under faults on a real PostgreSQL", async (t) => {
