@@ -9,9 +9,11 @@
  *   --dsn postgres://app@db/app --name billing-cron
  * ```
  *
- * Durations are seconds, as in the Python CLI. `--dsn` falls back to `$PG_DSN`, then to libpq's
- * PG* variables. Output is one line per event, human-readable with a timestamp, or one JSON object
- * per line with `--json`. A usage error prints what was wrong and exits 2.
+ * Durations are seconds, as in the Python CLI. A lock is named (`--name`) or given by its two
+ * keys (`--key1`, `--key2`). `--dsn` falls back to `$PG_DSN`, then to libpq's PG* variables.
+ * Output is one line per event, human-readable with a timestamp, or one JSON object per line with
+ * `--log-format json` (`--json`), filtered by `--log-level`. A usage error prints what was wrong
+ * and exits 2; a missing Deno permission is reported before anything connects, with exit 77.
  *
  * @example Run the CLI from code
  * ```ts ignore

@@ -345,3 +345,39 @@ Deno.test("childEnvironment() leaves out every form of the password, and nothing
   }
   deepEqual(childEnvironment(true, { PGPASSWORD: "pw" }), { env: undefined, removed: [] });
 });
+
+Deno.test("exec --timeout gives up with exit 124 without running the command", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  await using a = cli([
+    "exec",
+    "--json",
+    ...keys.args,
+    ...QUICK,
+    "--dsn",
+    pg.dsn,
+    "--",
+    "sleep",
+    "30",
+  ]);
+  await stderrEvent(a, (e) => e.event === "command-start", "a's command");
+  await using b = cli([
+    "exec",
+    "--json",
+    ...keys.args,
+    ...QUICK,
+    "--timeout",
+    "0.5",
+    "--dsn",
+    pg.dsn,
+    "--",
+    "sh",
+    "-c",
+    "echo ran",
+  ]);
+  equal((await b.status).code, 124);
+  equal(b.stdoutText(), "", "the command never ran");
+  ok(jsonLines(b.stderrText()).some((e) => e.event === "timeout"));
+  a.kill("SIGTERM");
+  equal((await a.status).code, 143);
+});
