@@ -18,7 +18,7 @@ export const TIMINGS = {
   healthIntervalMs: 200,
   leaseMs: 1000,
   /** The kill step delays the old leader's view by {@linkcode KILL_LATENCY_MS}; this outlasts it. */
-  settleMs: 200,
+  settleMs: 300,
   retryMs: 50,
 } as const;
 
@@ -59,12 +59,30 @@ export class Sql {
    * Opens a session.
    *
    * @param server The server.
-   * @param options The role and database, and whether to pin settings.
+   * @param options The role and database, and the settings to leave unpinned.
    * @returns The open session.
+   * @throws {Error} The server's error, when connecting fails.
    */
   static async open(
     server: Pick<TestPostgres, "socketDir" | "port" | "version">,
     options: { user?: string; database?: string; except?: readonly string[] } = {},
+  ): Promise<Sql> {
+    for (let attempt = 1;; attempt++) {
+      try {
+        return await Sql.#open(server, options);
+      } catch (error) {
+        // A system-wide transaction_timeout of 1 ms can end a session over its startup
+        // transaction, whose timeout was armed before the pinned settings applied: try again.
+        const code = (error as { code?: unknown }).code;
+        if (code !== "25P04" || attempt >= 50) throw error;
+        await sleep(10);
+      }
+    }
+  }
+
+  static async #open(
+    server: Pick<TestPostgres, "socketDir" | "port" | "version">,
+    options: { user?: string; database?: string; except?: readonly string[] },
   ): Promise<Sql> {
     const { user = "postgres", database = "postgres", except = [] } = options;
     const client = new pg.Client({
@@ -79,7 +97,15 @@ export class Sql {
     client.on("error", () => {});
     const sql = new Sql(client);
     client.on("end", () => sql.#ended = true);
-    await client.connect();
+    try {
+      await client.connect();
+      // A transaction_timeout that fired during the startup transaction (before the pinned
+      // settings applied) ends the session at its first statement: find out now.
+      await client.query("SELECT 1");
+    } catch (error) {
+      await client.end().catch(() => {});
+      throw error;
+    }
     return sql;
   }
 

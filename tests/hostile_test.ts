@@ -488,12 +488,12 @@ for (const requested of versions()) {
         const cases = [...casesFor(main.version), ...SPECIAL_CASES].filter((c) =>
           only === undefined || only.test(c.name)
         );
-        const run = (hs: HostileServer, c: Case) =>
+        const run = (hs: HostileServer, c: Case, prestaged?: StagedCase) =>
           t.step({
             name: c.name,
             ...STEP,
             fn: async () => {
-              const staged = await stage(hs, c.staging);
+              const staged = prestaged ?? await stage(hs, c.staging);
               await (c.run ?? runElection)(hs, staged);
             },
           });
@@ -522,9 +522,13 @@ for (const requested of versions()) {
           (async () => {
             for (const group of groups.values()) {
               const settings = group[0]!.system!;
+              // Staged first: with a 1 ms transaction_timeout nobody could connect to a new
+              // database, whose first sessions take longer than that to start.
+              const staged = new Map<Case, StagedCase>();
+              for (const c of group) staged.set(c, await stage(hsSystem, c.staging));
               await hsSystem.alterSystem(settings);
               try {
-                await pool(group, CONCURRENCY, (c) => run(hsSystem, c));
+                await pool(group, CONCURRENCY, (c) => run(hsSystem, c, staged.get(c)));
               } finally {
                 await hsSystem.resetSystem(settings);
               }
