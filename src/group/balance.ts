@@ -23,7 +23,7 @@
  *   N/(M+1) shards (within a few percent plus a handful of quota-edge shards), a leave moves the
  *   leaving member's shards plus a few.
  * - Cost: O(N·M log(N·M)) time and O(N·M) memory, paid only when the membership changes
- *   (about 40 ms for 10,000 shards and 10 members on the benchmark machine).
+ *   (about 15 ms for 10,000 shards and 10 members on the benchmark machine).
  *
  * @module
  */
