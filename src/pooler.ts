@@ -315,7 +315,7 @@ export async function assertSessionPinned(
         `Cannot verify that ${target} keeps this session on one server connection (${suspicion}): ` +
           `${verdict.step} failed: ${errorText(verdict.error)}${
             code === undefined ? "" : ` (SQLSTATE ${code})`
-          }. Not a pooler verdict: retrying`,
+          }. Not a pooler verdict: a transient error, retried under the retry strategy`,
         { cause: verdict.error, code, permanent: false },
       );
     }
