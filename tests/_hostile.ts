@@ -602,7 +602,7 @@ export interface ElectionHooks {
  * `a` leads; `b` waits in the lock queue; `a`'s backend is killed while its proxy delays it by
  * {@linkcode KILL_LATENCY_MS}, so that `b` must not announce before `a` stopped claiming
  * (the settle); `b` leads; `a` queues again; `b` steps down and `a` leads. Every leader must hold
- * the lock on the server, tokens must increase, at most one leads at any moment, neither stops
+ * the lock on the server, the first and last keep leading past two health checks, tokens must increase, at most one leads at any moment, neither stops
  * by itself, shutdown finishes, and nothing is left on the server.
  *
  * @param hs The server.
@@ -642,6 +642,14 @@ export async function runElection(
   const noViolations = () => {
     if (watch.violations.length > 0) fail("violation");
   };
+  // A leader must keep leading while nothing happens: past two health checks, same term.
+  const steady = async (name: string, lock: LeaderLock) => {
+    const terms = watch.tokens.length;
+    await sleep(Math.round(2.25 * TIMINGS.healthIntervalMs));
+    if (!lock.isLeader || watch.tokens.length !== terms) {
+      fail(`${name} did not keep leading past two health checks`);
+    }
+  };
   let stopDuring: (() => Promise<void>) | undefined;
   const shutdowns: string[] = [];
   // The attacker is busy in the same database: its queries are recent in pg_stat_activity.
@@ -653,6 +661,7 @@ export async function runElection(
     await hooks.beforeFirstLeader?.(a, watch);
     await waitFor(() => a.isLeader || watch.violations.length > 0, "a to lead", describe);
     noViolations();
+    await steady("a", a);
     const firstPid = await holderIs("a", a);
     stopDuring = await hooks.during?.();
 
@@ -693,6 +702,7 @@ export async function runElection(
       describe,
     );
     noViolations();
+    await steady("a", a);
     await holderIs("a", a);
     await Promise.all([startedA, startedB]);
 
