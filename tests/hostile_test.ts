@@ -255,7 +255,16 @@ const ATTACKS: readonly Attack[] = [
   {
     name: "transaction_timeout = 1ms",
     settings: { transaction_timeout: "1ms" },
-    levels: LEVELS,
+    levels: ["role", "database", "dsn"],
+    minVersion: 17,
+  },
+  {
+    // System-wide, 1 ms ends every password-authenticated session (SCRAM takes longer, under the
+    // startup transaction's timeout, before any client setting applies): no client can help it.
+    // 100 ms still ends every wait window of a session that does not pin it.
+    name: "transaction_timeout = 100ms",
+    settings: { transaction_timeout: "100ms" },
+    levels: ["system"],
     minVersion: 17,
   },
   { name: "exit_on_error = on", settings: { exit_on_error: "on" }, levels: LEVELS },
