@@ -6,7 +6,7 @@
  * ```sh
  * deno run -A bench/settle_limits.ts           # ~8 min -> bench/results/settle_limits.{json,md}
  * deno run -A bench/settle_limits.ts --quick   # ~2 min -> bench/results/quick/settle_limits.*
- * deno run -A bench/settle_limits.ts --trials 5 --only latency,block
+ * deno run -A bench/settle_limits.ts --trials 5 --only latency,block --settle 10 --out /tmp/x
  * ```
  *
  * Two candidate processes (`bench/_settle_candidate.ts`) compete for one lock: A leads, B waits
@@ -135,7 +135,9 @@ const BUSY_PROCESSES = 4;
 const KEY1 = 7301;
 const TIMEOUT_MS = 20_000;
 const REPO = new URL("../", import.meta.url);
-const OUT = new URL(QUICK ? "./results/quick/" : "./results/", import.meta.url);
+const OUT = flag("--out") !== undefined
+  ? new URL(`file://${Deno.realPathSync(flag("--out")!)}/`)
+  : new URL(QUICK ? "./results/quick/" : "./results/", import.meta.url);
 
 function now(): number {
   return performance.timeOrigin + performance.now();
@@ -429,13 +431,22 @@ async function startPair(
     settleMs,
     retryIntervalMs: 50,
   });
-  const a = new Candidate("A", config(aDsn), options.nice);
-  await a.next("acquired", 0, 60_000);
-  const b = new Candidate("B", config(bDsn), false);
-  await b.next("ready", 0, 60_000);
-  const pair = { a, b, key2, proxies, aProxy };
-  await settledWithALeading(pair);
-  return pair;
+  const started: Candidate[] = [];
+  try {
+    const a = new Candidate("A", config(aDsn), options.nice);
+    started.push(a);
+    await a.next("acquired", 0, 60_000);
+    const b = new Candidate("B", config(bDsn), false);
+    started.push(b);
+    await b.next("ready", 0, 60_000);
+    const pair = { a, b, key2, proxies, aProxy };
+    await settledWithALeading(pair);
+    return pair;
+  } catch (error) {
+    await Promise.all(started.map((c) => c.stop()));
+    await Promise.all(proxies.map((p) => p.close()));
+    throw error;
+  }
 }
 
 async function stopPair(pair: Pair): Promise<void> {
@@ -710,6 +721,14 @@ async function git(...gitArgs: string[]): Promise<string> {
   return new TextDecoder().decode(out.stdout).trim();
 }
 
+/** HEAD's short hash, marked when the library's sources have uncommitted changes. */
+async function commit(): Promise<string> {
+  const head = await git("rev-parse", "--short", "HEAD");
+  if (!head) return "unknown";
+  const dirty = await git("status", "--porcelain", "--", "src", "mod.ts");
+  return dirty ? `${head} + uncommitted changes in src/` : head;
+}
+
 async function main(): Promise<void> {
   const started = performance.now();
   const loadavgStart = Deno.loadavg().map((x) => round(x, 2));
@@ -729,19 +748,26 @@ async function main(): Promise<void> {
     { kind: "nice" },
   ] as Scenario[]).filter((s) => !ONLY || ONLY.includes(s.kind));
   const cells: CellResult[] = [];
+  const errors: string[] = [];
   try {
     for (const scenario of scenarios) {
       // Without a settle, for contrast: how often the plain kill alone overlaps.
       const settles = scenario.kind === "baseline" && !flag("--settle") ? [0, ...SETTLES] : SETTLES;
       for (const settleMs of settles) {
-        cells.push(
-          await runCell(
-            server,
-            scenario,
-            settleMs,
-            scenario.kind === "nice" ? NICE_TRIALS : TRIALS,
-          ),
-        );
+        try {
+          cells.push(
+            await runCell(
+              server,
+              scenario,
+              settleMs,
+              scenario.kind === "nice" ? NICE_TRIALS : TRIALS,
+            ),
+          );
+        } catch (error) {
+          const message = error instanceof Error ? error.message : String(error);
+          log(`${scenarioName(scenario)}, settleMs ${settleMs}: could not run: ${message}`);
+          errors.push(`${scenarioName(scenario)}, settleMs ${settleMs}: ${message.split("\n")[0]}`);
+        }
       }
     }
   } finally {
@@ -750,14 +776,14 @@ async function main(): Promise<void> {
   const meta = {
     quick: QUICK,
     date: new Date().toISOString(),
-    commit: Deno.env.get("BENCH_COMMIT") ??
-      (await git("rev-parse", "--short", "HEAD") || "unknown"),
+    commit: Deno.env.get("BENCH_COMMIT") ?? await commit(),
     postgres: String(rows[0]?.server_version ?? "?"),
     deno: Deno.version.deno,
     cpus: navigator.hardwareConcurrency,
     loadavgStart,
     loadavgEnd: Deno.loadavg().map((x) => round(x, 2)),
     elapsedS: round((performance.now() - started) / 1000, 0),
+    errors,
   };
   await Deno.mkdir(OUT, { recursive: true });
   const json = new URL("settle_limits.json", OUT);
