@@ -588,6 +588,13 @@ export interface ElectionHooks {
   /** Before the second candidate starts. */
   readonly beforeSecondStart?: () => Promise<void>;
   /**
+   * Whether `a` connects directly instead of through the proxy (the kill step then adds no
+   * latency).
+   *
+   * @default {false}
+   */
+  readonly direct?: boolean;
+  /**
    * Whether the attacker keeps a session busy in the case's database throughout.
    *
    * @default {true}
@@ -618,7 +625,9 @@ export async function runElection(
   const { admin, server } = hs;
   const proxy: TcpProxy = await startTcpProxy(server);
   const watch = new Watch();
-  const a = new LeaderLock(candidateOptions(candidateDsn(server, staged, proxy), staged, "a"));
+  const a = new LeaderLock(
+    candidateOptions(candidateDsn(server, staged, hooks.direct ? undefined : proxy), staged, "a"),
+  );
   const b = new LeaderLock(candidateOptions(candidateDsn(server, staged), staged, "b"));
   watch.add("a", a);
   watch.add("b", b);

@@ -400,9 +400,11 @@ async function standbyTarget(hs: HostileServer): Promise<void> {
 /**
  * The attacker holds every connection slot a non-superuser may take: the candidate keeps
  * retrying and never stops, and leads once one slot frees; the second candidate gets one more
- * slot; then the usual election (the killed leader gets its own slot back).
+ * slot; then the usual election (the killed leader gets its own slot back). With `direct` false
+ * the first candidate goes through a TCP forwarder, behind which the pooler check may open a
+ * second connection.
  */
-async function exhaustedConnections(hs: HostileServer): Promise<void> {
+async function exhaustedConnections(hs: HostileServer, direct: boolean): Promise<void> {
   const staged = await stage(hs, {});
   const held: Sql[] = [];
   let refusal = "";
@@ -419,6 +421,7 @@ async function exhaustedConnections(hs: HostileServer): Promise<void> {
     }
     assert(refusal !== "", "the attacker never ran out of connection slots");
     await runElection(hs, staged, {
+      direct,
       chatter: false,
       beforeFirstLeader: async (lock) => {
         await sleep(1500);
@@ -515,7 +518,12 @@ for (const requested of versions()) {
         const smallCases = [
           {
             name: "exhausted max_connections: candidates keep retrying and lead once a slot frees",
-            fn: () => exhaustedConnections(hsSmall),
+            fn: () => exhaustedConnections(hsSmall, true),
+          },
+          {
+            name: "exhausted max_connections: a candidate behind a TCP forwarder leads once a " +
+              "slot frees",
+            fn: () => exhaustedConnections(hsSmall, false),
           },
           {
             name: "a standby as the target: a permanent error naming target_session_attrs",
