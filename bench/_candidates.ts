@@ -1,9 +1,12 @@
 /**
- * Candidate processes as the benchmark sees them: their terms, their state, and waits on a group.
+ * Candidate processes as the benchmark sees them: their terms, their state, and waits on a group;
+ * and the server's view of a handover ({@linkcode Observer}).
  *
  * @module
  */
-import { type DenoProcess, spawnDeno } from "../testing.ts";
+// @ts-types="../src/_pg.d.ts"
+import pg from "pg";
+import { type DenoProcess, spawnDeno, type TestPostgres } from "../testing.ts";
 import type { BenchCandidateConfig } from "./candidate.ts";
 
 /** Wall-clock milliseconds on the clock the candidates print (`t`). */
@@ -19,6 +22,14 @@ export interface Term {
   readonly start: number;
   /** When the statement that took the lock returned, before `settleMs`. */
   readonly grantedAt: number;
+  /** When that statement was sent. */
+  readonly grantSent: number;
+  /** When the first ownership check after the grant returned, if before the announcement. */
+  readonly ackAt: number | undefined;
+  /** When the transition to `leader` was announced (`statechange`), just before `start`. */
+  readonly announcedAt: number;
+  /** The backend pid that took the lock. */
+  readonly backendPid: number;
   /** When the candidate saw `isLeader` go false (`term-end` t). */
   observedEnd: number | undefined;
   /** When the candidate was SIGKILLed while holding it. */
@@ -149,6 +160,10 @@ export class Candidate {
           token: BigInt(String(event.token)),
           start: event.t,
           grantedAt: Number(event.grantedAt),
+          grantSent: Number(event.grantSent),
+          ackAt: event.ackAt === undefined ? undefined : Number(event.ackAt),
+          announcedAt: Number(event.announcedAt),
+          backendPid: Number(event.backendPid),
           observedEnd: undefined,
           killedAt: undefined,
           lastRenewalSent: Number(event.leaseFrom),
@@ -351,4 +366,168 @@ export function overlapMs(terms: Term[], from = -Infinity, to = Infinity): numbe
 /** Resolves after `ms`. */
 export function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, Math.max(0, ms)));
+}
+
+/** What the server saw of a handover, from {@linkcode Observer.watch} (epoch ms, server clock). */
+export interface ServerView {
+  /** When the watch's first poll ran. */
+  readonly startedAt: number;
+  /** The old holder's lock was gone: the midpoint of the two polls around it, and their gap. */
+  readonly releasedAt: number | null;
+  /** Another session held the lock, granted (the same instant as the release, as a rule). */
+  readonly grantedAt: number | null;
+  readonly newPid: number | null;
+  /** The gap between the two polls around the grant (ms): `grantedAt` is within half of it. */
+  readonly grantedGapMs: number | null;
+  /** The longest gap between two polls during the watch (ms). */
+  readonly maxGapMs: number;
+  readonly polls: number;
+}
+
+/**
+ * Server-side polling loop: pg_locks read every millisecond by a PL/pgSQL function in the
+ * observer's own backend, so that no round trip and no bench process CPU is spent per poll.
+ * Times are `clock_timestamp()` (gettimeofday, the clock the candidates print), each the midpoint
+ * of the last poll before the change and the first after it. The loop ends once the lock is
+ * granted to another session, or after `maxMs`. (PostgreSQL grants a released lock to the first
+ * waiter inside the releasing backend, so the release and the grant are one instant; a killed
+ * session's backend releases its locks as it exits: the release is when the old session is gone.)
+ */
+const WATCH_FUNCTION = `
+CREATE OR REPLACE FUNCTION bench_watch(
+  k1 int4, k2 int4, old_pid int4, max_ms float8,
+  OUT started_at float8, OUT released_at float8, OUT granted_at float8, OUT new_pid int4,
+  OUT granted_gap_ms float8, OUT max_gap_ms float8, OUT polls int4)
+LANGUAGE plpgsql AS $$
+DECLARE
+  before_read float8;
+  after_read float8;
+  prev_before float8;
+  holder int4;
+BEGIN
+  started_at := extract(epoch FROM clock_timestamp()) * 1000;
+  prev_before := started_at;
+  max_gap_ms := 0;
+  polls := 0;
+  LOOP
+    before_read := extract(epoch FROM clock_timestamp()) * 1000;
+    SELECT l.pid INTO holder FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.classid = k1::oid AND l.objid = k2::oid
+       AND l.objsubid = 2 AND l.granted
+     LIMIT 1;
+    after_read := extract(epoch FROM clock_timestamp()) * 1000;
+    polls := polls + 1;
+    max_gap_ms := greatest(max_gap_ms, after_read - prev_before);
+    IF released_at IS NULL AND holder IS DISTINCT FROM old_pid THEN
+      released_at := (prev_before + after_read) / 2;
+    END IF;
+    IF granted_at IS NULL AND holder IS NOT NULL AND holder <> old_pid THEN
+      granted_at := (prev_before + after_read) / 2;
+      granted_gap_ms := after_read - prev_before;
+      new_pid := holder;
+    END IF;
+    EXIT WHEN granted_at IS NOT NULL OR after_read - started_at > max_ms;
+    prev_before := before_read;
+    PERFORM pg_sleep(0.001);
+  END LOOP;
+END $$`;
+
+/** A superuser session that watches handovers from the server's side (see `bench_watch`). */
+export class Observer {
+  readonly #client: InstanceType<typeof pg.Client>;
+
+  private constructor(client: InstanceType<typeof pg.Client>) {
+    this.#client = client;
+  }
+
+  /**
+   * Connects over the server's unix socket and creates the watch function.
+   *
+   * @param server The server.
+   * @returns The observer.
+   */
+  static async open(server: TestPostgres): Promise<Observer> {
+    const client = new pg.Client({
+      host: server.socketDir,
+      port: server.port,
+      user: "postgres",
+      database: "postgres",
+    });
+    client.on("error", () => {});
+    await client.connect();
+    await client.query(WATCH_FUNCTION);
+    await client.query("SET application_name = 'bench:observer'");
+    return new Observer(client);
+  }
+
+  /**
+   * Starts watching the lock (key1, key2), held by `oldPid`; resolves once another session holds
+   * it or after `maxMs`. Give it a couple of milliseconds to start polling before the fault.
+   *
+   * @returns What the server saw.
+   */
+  async watch(
+    key1: number,
+    key2: number,
+    oldPid: number,
+    maxMs: number,
+  ): Promise<ServerView> {
+    const { rows } = await this.#client.query(
+      "SELECT * FROM bench_watch($1, $2, $3, $4)",
+      [key1, key2, oldPid, maxMs],
+    );
+    const r = rows[0] as Record<string, number | null>;
+    const num = (x: number | null | undefined) => x === null || x === undefined ? null : Number(x);
+    return {
+      startedAt: Number(r.started_at),
+      releasedAt: num(r.released_at),
+      grantedAt: num(r.granted_at),
+      newPid: num(r.new_pid),
+      grantedGapMs: num(r.granted_gap_ms),
+      maxGapMs: Number(r.max_gap_ms),
+      polls: Number(r.polls),
+    };
+  }
+
+  /**
+   * When the transaction of a fencing token committed (`track_commit_timestamp`): the end of the
+   * statement that took the lock, on the server. The token's low 32 bits are its xid.
+   *
+   * @param token A fencing token.
+   * @returns Epoch ms, or `null` when unknown.
+   */
+  async committedAt(token: bigint): Promise<number | null> {
+    const xid = String(token & 0xffffffffn);
+    const { rows } = await this.#client.query(
+      "SELECT extract(epoch FROM pg_xact_commit_timestamp($1::text::xid)) * 1000 AS t",
+      [xid],
+    );
+    const t = (rows[0] as { t: number | string | null } | undefined)?.t;
+    return t === null || t === undefined ? null : Number(t);
+  }
+
+  /**
+   * Server clock minus this process's clock (ms), from the fastest of ten round trips (its
+   * midpoint): 0 within a few hundredths of a ms when both read the same system clock.
+   *
+   * @returns The offset.
+   */
+  async clockOffsetMs(): Promise<number> {
+    let best = { rtt: Infinity, offset: 0 };
+    for (let i = 0; i < 10; i++) {
+      const before = now();
+      const { rows } = await this.#client.query(
+        "SELECT extract(epoch FROM clock_timestamp()) * 1000 AS t",
+      );
+      const after = now();
+      const offset = Number((rows[0] as { t: number }).t) - (before + after) / 2;
+      if (after - before < best.rtt) best = { rtt: after - before, offset };
+    }
+    return best.offset;
+  }
+
+  /** Closes the session. */
+  async close(): Promise<void> {
+    await this.#client.end().catch(() => {});
+  }
 }

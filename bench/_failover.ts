@@ -6,7 +6,17 @@
  */
 import { startTcpProxy, type TcpProxy, type TestPostgres } from "../testing.ts";
 import type { Admin } from "./_admin.ts";
-import { type Candidate, Group, now, overlapMs, sleep, type Term, termEnd } from "./_candidates.ts";
+import {
+  type Candidate,
+  Group,
+  now,
+  type Observer,
+  overlapMs,
+  sleep,
+  type Term,
+  termEnd,
+} from "./_candidates.ts";
+import { definedOnly } from "./_floor.ts";
 import { cpuStallMs, round, summarize, type Summary } from "./_stats.ts";
 import type { BenchCandidateConfig } from "./candidate.ts";
 
@@ -122,6 +132,72 @@ export interface FailoverEnv {
   readonly log: (line: string) => void;
   /** A fresh second key for each group. */
   nextKey2(): number;
+  /** Watches handovers from the server's side, when given. */
+  readonly observer?: Observer;
+}
+
+/**
+ * The milestones of one handover, in ms from the fault (each present when it applies and was
+ * seen). Server times come from the {@linkcode Observer} (polled every millisecond: each is the
+ * midpoint of two polls, within half their gap) and from the grant's commit timestamp; client
+ * times from the candidates' own lines; all on the one system clock.
+ */
+export interface TrialStages {
+  /** step-down, SIGTERM: the signal reached the old leader, which called stepDown()/shutdown(). */
+  readonly call?: number;
+  /** step-down, SIGTERM: the old leader sent its unlock. */
+  readonly unlockSent?: number;
+  /** step-down, SIGTERM: its unlock returned. */
+  readonly unlockAnswered?: number;
+  /** SIGKILL: the killed process was gone (its stdout closed). */
+  readonly processGone?: number;
+  /**
+   * The old holder's lock was gone (server): for SIGKILL and backend kill, the old session is
+   * gone (its backend releases its locks as it exits).
+   */
+  readonly released?: number;
+  /** Another session held the lock (server; the same instant as the release, as a rule). */
+  readonly granted?: number;
+  /** The statement that took the lock committed (server; LeaderLock only: it writes the token). */
+  readonly committed?: number;
+  /** That statement returned to the new leader (client). */
+  readonly answered?: number;
+  /** The first ownership check returned, during the settle (client). */
+  readonly ackAnswered?: number;
+  /** The transition to leader was announced (`statechange`). */
+  readonly announced?: number;
+  /** The user code (an `acquired` listener) ran: the failover. */
+  readonly userCode?: number;
+  /** The gap between the observer's two polls around the grant (ms): `granted` is within half. */
+  readonly pollGapMs?: number;
+}
+
+/**
+ * The old leader's side of a handover: when the signal reached it and when its unlock was sent
+ * and returned (step-down, SIGTERM), in ms from the fault.
+ *
+ * @param leader The old leader.
+ * @param fault The fault.
+ * @param faultAt When it was injected.
+ * @returns The milestones it printed.
+ */
+export function oldLeaderStages(
+  leader: Candidate,
+  fault: Fault,
+  faultAt: number,
+): Pick<TrialStages, "call" | "unlockSent" | "unlockAnswered"> {
+  if (fault !== "step-down" && fault !== "sigterm") return {};
+  const signal = fault === "step-down" ? "SIGUSR2" : "SIGTERM";
+  const call = leader.events.find((e) =>
+    e.type === "signal" && e.signal === signal && e.t >= faultAt
+  );
+  const unlock = leader.events.find((e) => e.type === "unlock" && Number(e.sent) >= faultAt);
+  const rel = (t: unknown) => t === undefined ? undefined : round(Number(t) - faultAt, 3);
+  return definedOnly({
+    call: rel(call?.at),
+    unlockSent: rel(unlock?.sent),
+    unlockAnswered: rel(unlock?.answered),
+  });
 }
 
 /** One trial. */
@@ -158,6 +234,8 @@ export interface TrialResult {
    * handover itself, without the signal that makes the bench candidate call it.
    */
   readonly fromStepDownCallMs?: number;
+  /** Every milestone the bench could time (ms from the fault). */
+  readonly stages?: TrialStages;
   /** Why the trial failed, if it did. */
   readonly error?: string;
 }
@@ -185,7 +263,12 @@ export interface FaultResult {
   readonly cpuStallP50Ms: number | null;
   /** For `step-down`: see {@linkcode TrialResult.fromStepDownCallMs}. */
   readonly fromStepDownCall?: Summary;
+  /** The settle the profile's candidates wait after a grant that was not handed over (ms). */
+  readonly settleMs: number;
 }
+
+/** Faults whose handover the observer times (the others take the session or the server away). */
+const OBSERVED_FAULTS: readonly Fault[] = ["sigkill", "backend-kill", "sigterm", "step-down"];
 
 /** No fault sooner than this after a candidate process was started. */
 const QUIET_AFTER_SPAWN_MS = 1500;
@@ -272,6 +355,18 @@ export async function trial(
     if (group.settled && group.leaders[0] === leader && leader.openTerm === oldTerm) break;
   }
   if (fault === "backend-kill" || fault === "restart") await env.admin.connect();
+  const observed = env.observer !== undefined && OBSERVED_FAULTS.includes(fault);
+  const watching = observed
+    ? env.observer!.watch(
+      group.config.key1!,
+      group.config.key2!,
+      oldTerm.backendPid,
+      failoverTimeoutMs(profile, fault),
+    )
+    : undefined;
+  watching?.catch(() => {});
+  // Let the watch start polling before the fault.
+  if (watching) await sleep(3);
   const phaseMs = now() - oldTerm.lastRenewalSent;
 
   let faultAt: number;
@@ -342,6 +437,32 @@ export async function trial(
     : undefined;
 
   const overlap = overlapMs(group.terms, windowFrom);
+  let stages: TrialStages | undefined;
+  if (watching && newTerm) {
+    const server = await watching.catch(() => undefined);
+    if (fault === "step-down" || fault === "sigterm") {
+      await group.waitFor(
+        "the old leader's unlock",
+        () => leader.events.some((e) => e.type === "unlock" && e.t >= faultAt),
+        5_000,
+      ).catch(() => {});
+    }
+    const committed = await env.observer!.committedAt(newTerm.token).catch(() => null);
+    const rel = (t: number | null | undefined) =>
+      t === null || t === undefined ? undefined : round(t - faultAt, 3);
+    stages = definedOnly({
+      ...oldLeaderStages(leader, fault, faultAt),
+      ...(goneAt ? { processGone: rel(await goneAt) } : {}),
+      released: rel(server?.releasedAt),
+      granted: rel(server?.grantedAt),
+      committed: rel(committed),
+      answered: rel(newTerm.grantedAt),
+      ackAnswered: rel(newTerm.ackAt),
+      announced: rel(newTerm.announcedAt),
+      userCode: rel(newTerm.start),
+      pollGapMs: server?.grantedGapMs == null ? undefined : round(server.grantedGapMs, 2),
+    });
+  }
   return {
     trial: index,
     phaseMs: round(phaseMs),
@@ -357,6 +478,7 @@ export async function trial(
     ...(stepDownCall && newTerm
       ? { fromStepDownCallMs: round(newTerm.start - stepDownCall.t, 2) }
       : {}),
+    ...(stages ? { stages } : {}),
     ...(error !== undefined ? { error } : {}),
   };
 }
@@ -397,6 +519,7 @@ export function summarizeFault(
     overlapTrials: trials.filter((t) => t.overlapMs > 0).length,
     failed: trials.length - ok.length,
     sameLeader: trials.filter((t) => t.sameLeader === true).length,
+    settleMs: profile.config.settleMs ?? 10,
     cpuStallP50Ms: summarize(
       trials.map((t) => t.cpuStallMs).filter((x): x is number => x !== null),
     ).p50,

@@ -74,10 +74,10 @@ async function snapshot(env: FailoverEnv, database: string) {
 
 /**
  * The leader's health check: the statement that starts with `SELECT EXISTS (SELECT 1 FROM
- * pg_locks` (pg_stat_statements shows the constant as `$n`).
+ * pg_catalog.pg_locks` (pg_stat_statements shows the constant as `$n`; whitespace collapsed).
  */
 function isHealthCheck(kind: string): boolean {
-  return /^SELECT EXISTS \(SELECT \S+ FROM pg_locks/.test(kind);
+  return /^SELECT EXISTS \( ?SELECT \S+ FROM (pg_catalog\.)?pg_locks/.test(kind);
 }
 
 async function measure(
@@ -188,7 +188,7 @@ export async function runLoad(
       );
     }
     const n = group.alive.length;
-    for (const fault of ["step-down", "sigkill"] as const) {
+    for (const fault of ["step-down", "sigterm", "backend-kill", "sigkill"] as const) {
       const trials = [];
       for (let i = 1; i <= options.handoverTrials; i++) {
         const r = await trial(env, profile, fault, i, group, [], true);

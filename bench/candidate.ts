@@ -6,8 +6,13 @@
  * for every process on the machine) and adds what the benchmark needs:
  *
  * - SIGUSR2 calls `lock.stepDown()` (the step-down fault); SIGTERM shuts down gracefully.
- * - `acquired` carries `grantedAt`, when the statement that took the lock returned (before
- *   `settleMs`), and `leaseFrom`, when that statement was sent.
+ * - `acquired` is printed by an `acquired` listener (its `t` is when that user code ran) and
+ *   carries the stages before it: `grantSent`/`grantedAt` (the statement that took the lock was
+ *   sent / returned), `ackSent`/`ackAt` (the first ownership check, sent during `settleMs`, when
+ *   it came before the announcement), `announcedAt` (the `statechange` to `leader`, the first
+ *   event of the transition) and `leaseFrom` (the send time of the last successful statement).
+ * - `unlock` (`sent`, `answered`) after the release statement returned, and `signal`
+ *   (`signal`, `at`) when SIGTERM or SIGUSR2 arrived: the old leader's side of a handover.
  * - `renewed` (`sent`) after every statement that succeeded while leading: the leader's lease
  *   cannot outlast the last one's `sent + leaseMs`, which bounds the term of a leader that was
  *   frozen before it could print `term-end`.
@@ -19,6 +24,11 @@
  *
  * Config: JSON in the first argument, the LeaderLock options plus `retry`
  * (`{ "kind": "fixed", "intervalMs": 50 }` or `{ "kind": "exponential", "baseMs", "maxMs" }`).
+ *
+ * With `"bare": true` it is no LeaderLock but the floor's bare waiter: one npm:pg client that
+ * runs its statement 20 times on (key1 + 1, key2) to warm up, prints `ready`, waits in
+ * `pg_advisory_lock(key1, key2)` and prints `bare-granted` (`sent`; `t` = when it returned), then
+ * holds the lock until SIGTERM or SIGKILL.
  *
  * @module
  */
@@ -36,6 +46,8 @@ export interface BenchCandidateConfig
   retry?:
     | { kind: "fixed"; intervalMs: number }
     | { kind: "exponential"; baseMs?: number; maxMs?: number };
+  /** Be the floor's bare `pg_advisory_lock` waiter instead of a LeaderLock. */
+  bare?: boolean;
 }
 
 function now(): number {
@@ -46,13 +58,49 @@ function emit(record: Record<string, unknown>, t = now()): void {
   console.log(JSON.stringify({ t, ...record }));
 }
 
+/**
+ * Prints a line stamped now once the current task is over: a line's write (a syscall, 0.1-0.3 ms
+ * here) must not sit on a handover's path (a step-down's events run before its unlock is sent).
+ */
+function emitLater(record: Record<string, unknown>, t = now()): void {
+  setTimeout(() => emit(record, t), 0);
+}
+
+/** The floor's waiter: a bare npm:pg session in pg_advisory_lock, nothing else. */
+async function bareWaiter(config: BenchCandidateConfig): Promise<void> {
+  const client = new pg.Client({ connectionString: config.dsn } as never);
+  client.on("error", () => {});
+  await client.connect();
+  // Warm: the same statement on another key, so that its first real run is not compiled on the
+  // way (the floor is what PostgreSQL and the kernel take, not a cold start of the client).
+  for (let i = 0; i < 20; i++) {
+    await client.query("SELECT pg_advisory_lock($1, $2)", [Number(config.key1) + 1, config.key2]);
+    await client.query("SELECT pg_advisory_unlock($1, $2)", [Number(config.key1) + 1, config.key2]);
+  }
+  emit({ type: "ready", backendPid: client.processID });
+  const stopped = new Promise<void>((resolve) => Deno.addSignalListener("SIGTERM", resolve));
+  const sent = now();
+  await client.query("SELECT pg_advisory_lock($1, $2)", [config.key1, config.key2]);
+  emit({ type: "bare-granted", sent });
+  await stopped;
+  await client.end().catch(() => {});
+  Deno.exit(0);
+}
+
 async function main(args: string[]): Promise<void> {
-  const { retry, dsn, ...options } = JSON.parse(args[0] ?? "{}") as BenchCandidateConfig;
+  const config = JSON.parse(args[0] ?? "{}") as BenchCandidateConfig;
+  if (config.bare) return await bareWaiter(config);
+  const { retry, dsn, bare: _, ...options } = config;
   const leaseMs = options.leaseMs ?? 3 * (options.healthIntervalMs ?? 5000);
   const retryStrategy = retryStrategyFrom(retry);
   const controller = new AbortController();
   /** Sent and returned times of the last statement that succeeded. */
   let lastOk = { sent: 0, returned: 0 };
+  /** The last acquisition statement that succeeded, and the first check after it. */
+  let grant = { sent: 0, returned: 0 };
+  let ack: { sent: number; returned: number } | undefined;
+  /** When the transition to `leader` was announced (`statechange`). */
+  let announcedAt = 0;
 
   const connect = async (signal: AbortSignal): Promise<PgClient> => {
     const client = new pg.Client({
@@ -78,7 +126,18 @@ async function main(args: string[]): Promise<void> {
     client.query = (async (text: string, values?: unknown[]) => {
       const sent = now();
       const result = await query(text, values);
-      lastOk = { sent, returned: now() };
+      const returned = now();
+      lastOk = { sent, returned };
+      // Told apart by the PostgreSQL functions they call, whatever else the protocol's text says.
+      const kind = statementKind(text);
+      if (kind === "unlock") {
+        emit({ type: "unlock", sent, answered: returned });
+      } else if (kind === "acquire") {
+        grant = { sent, returned };
+        ack = undefined;
+      } else if (kind === "check" && ack === undefined && grant.returned > 0) {
+        ack = { sent, returned };
+      }
       // connect() runs only after start(), once `lock` exists.
       if (lock.state === "leader") emit({ type: "renewed", sent });
       return result;
@@ -98,18 +157,25 @@ async function main(args: string[]): Promise<void> {
     if (sampler === undefined) return;
     clearInterval(sampler);
     sampler = undefined;
-    emit({ type: "term-end", token: String(token) });
+    emitLater({ type: "term-end", token: String(token) });
   };
   lock.addEventListener("acquired", (e) => {
+    // The user code of the term: its first line runs now.
+    const userCodeAt = now();
     token = e.fencingToken;
+    const acked = ack !== undefined && ack.returned <= announcedAt ? ack : undefined;
     emit({
       type: "acquired",
       token: String(e.fencingToken),
       backendPid: lock.backendPid,
-      grantedAt: lastOk.returned,
+      grantSent: grant.sent,
+      grantedAt: grant.returned,
+      ...(acked ? { ackSent: acked.sent, ackAt: acked.returned } : {}),
+      announcedAt,
       leaseFrom: lastOk.sent,
       regained: e.regained,
-    });
+    }, userCodeAt);
+    grant = { sent: 0, returned: 0 };
     clearInterval(sampler);
     // isLeader reads the monotonic clock: sampling it finds the instant the lease ran out.
     sampler = setInterval(() => {
@@ -117,8 +183,10 @@ async function main(args: string[]): Promise<void> {
     }, 1);
   });
   lock.addEventListener("statechange", (e) => {
+    const t = now();
+    if (e.to === "leader") announcedAt = t;
     if (e.from === "leader") endTerm();
-    emit({ type: "state", from: e.from, to: e.to });
+    emitLater({ type: "state", from: e.from, to: e.to }, t);
   });
   lock.addEventListener("lost", (e) => {
     endTerm();
@@ -126,7 +194,7 @@ async function main(args: string[]): Promise<void> {
   });
   lock.addEventListener("released", () => {
     endTerm();
-    emit({ type: "released" });
+    emitLater({ type: "released" });
   });
   lock.addEventListener("acquirefailed", (e) => {
     emit({ type: "acquire-failed", attempt: e.attempt });
@@ -134,7 +202,36 @@ async function main(args: string[]): Promise<void> {
   lock.addEventListener("error", (e) => {
     emit({ type: "error", message: e.error instanceof Error ? e.error.message : String(e.error) });
   });
-  await runCandidate(lock, controller, (record) => emit(record), () => clearInterval(sampler));
+  // Stamped as the signal arrives, printed once the lock's own listener has run.
+  const signalled = (signal: Deno.Signal) => () => {
+    const at = now();
+    emitLater({ type: "signal", signal, at }, at);
+  };
+  const onTerm = signalled("SIGTERM");
+  const onUsr2 = signalled("SIGUSR2");
+  Deno.addSignalListener("SIGTERM", onTerm);
+  Deno.addSignalListener("SIGUSR2", onUsr2);
+  try {
+    await runCandidate(lock, controller, (record) => emit(record), () => clearInterval(sampler));
+  } finally {
+    Deno.removeSignalListener("SIGTERM", onTerm);
+    Deno.removeSignalListener("SIGUSR2", onUsr2);
+  }
+}
+
+/**
+ * What a statement of the protocol does, from the PostgreSQL functions it calls: `acquire`
+ * (pg_advisory_lock or pg_try_advisory_lock), `unlock` (pg_advisory_unlock), `check` (reads
+ * pg_locks and re-arms idle_session_timeout: the ownership check), or `other`.
+ *
+ * @param text The statement's text.
+ * @returns Its kind.
+ */
+export function statementKind(text: string): "acquire" | "unlock" | "check" | "other" {
+  if (/pg_advisory_unlock\s*\(/.test(text)) return "unlock";
+  if (/pg_(try_)?advisory_lock\s*\(/.test(text)) return "acquire";
+  if (/pg_locks/.test(text) && /idle_session_timeout/.test(text)) return "check";
+  return "other";
 }
 
 if (import.meta.main) await main(Deno.args);

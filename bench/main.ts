@@ -4,7 +4,7 @@
  * `failover.svg` (with `--quick`, under `bench/results/quick/`). See bench/README.md.
  *
  * Flags: `--quick` (about 2 minutes), `--only failover,load,memory`, `--faults sigkill,...`,
- * `--modes wait,poll`, `--out DIR`.
+ * `--modes wait,poll`, `--out DIR`, `--floor-trials N`, `--wait-trials N`.
  *
  * @module
  */
@@ -24,9 +24,11 @@ import {
   runFresh,
   runSequential,
 } from "./_failover.ts";
-import { type FloorResult, runFloor } from "./_floor.ts";
+import { FLOOR_FAULTS, type FloorResult, runFloor } from "./_floor.ts";
 import { type LoadResult, runLoad } from "./_load.ts";
-import { type MemoryResult, runMemory } from "./_memory.ts";
+import type { MemoryResult } from "./_memory.ts";
+import { Observer } from "./_candidates.ts";
+import { readStatementTimes, type StatementTime } from "./_report.ts";
 import { cpuStallMs } from "./_stats.ts";
 import {
   chart,
@@ -47,6 +49,8 @@ const { values: flags } = parseArgs({
     modes: { type: "string" },
     "report-only": { type: "string" },
     out: { type: "string" },
+    "floor-trials": { type: "string" },
+    "wait-trials": { type: "string" },
   },
 });
 const quick = flags.quick ?? false;
@@ -79,6 +83,10 @@ const plan = quick
     handoverTrials: 5,
     memoryCounts: [1, 100, 1000],
   };
+
+// Overrides, for investigating one part.
+if (flags["floor-trials"] !== undefined) plan.floorTrials = Number(flags["floor-trials"]);
+if (flags["wait-trials"] !== undefined) plan.waitTrials = Number(flags["wait-trials"]);
 
 const started = performance.now();
 const stallAtStart = cpuStallMs();
@@ -120,14 +128,20 @@ async function writeReport(results: Results): Promise<void> {
   log(`wrote ${mdUrl.pathname}${results.failover.length ? `, ${svgUrl.pathname}` : ""}`);
 }
 
+// The kit's max_connections (300): the memory section's 1100 would make every read of pg_locks
+// and pg_stat_activity (the protocol's and the observer's) cost several times more. The memory
+// section gets a server of its own.
 await using server = await startPostgres({
   settings: {
-    // 1000 LeaderLock instances in one process need 1000 connections.
-    max_connections: 1100,
     shared_preload_libraries: "pg_stat_statements",
+    // Planning time per statement: the release statement is planned on the handover's path.
+    "pg_stat_statements.track_planning": "on",
+    // The commit time of the statement that took the lock (it writes the fencing token).
+    track_commit_timestamp: "on",
   },
 });
 const admin = new Admin(server);
+const observer = await Observer.open(server);
 const env0 = await environment(admin);
 log(
   `PostgreSQL ${env0.postgres.versionNum} on port ${server.port}; load average ${env0.machine.loadAverageAtStart}`,
@@ -135,7 +149,15 @@ log(
 await admin.query("CREATE DATABASE bench");
 await admin.query("CREATE EXTENSION pg_stat_statements");
 let key2 = 0;
-const env: FailoverEnv = { server, admin, database: "bench", log, nextKey2: () => ++key2 };
+const env: FailoverEnv = {
+  server,
+  admin,
+  database: "bench",
+  log,
+  nextKey2: () => ++key2,
+  observer,
+};
+log(`observer clock offset ${(await observer.clockOffsetMs()).toFixed(3)} ms`);
 
 const failover: FaultResult[] = [];
 const overlapTotalMs: Record<string, number> = {};
@@ -155,6 +177,7 @@ const leaseFaults = LEASE_FAULTS.filter((f) => chosen.has(f));
 const modes = new Set((flags.modes ?? "wait,poll").split(",").map((m) => m.trim()));
 
 let floor: FloorResult[] | undefined;
+let statementTimes: StatementTime[] | undefined;
 let load: LoadResult | undefined;
 let memory: MemoryResult | undefined;
 /** When each section ran and how busy the machine was meanwhile. */
@@ -180,7 +203,10 @@ const section = async <T>(name: string, run: () => Promise<T>): Promise<T> => {
 };
 try {
   if (sections.has("failover")) {
-    if (modes.has("wait")) floor = await section("floor", () => runFloor(env, plan.floorTrials));
+    const floorFaults = FLOOR_FAULTS.filter((f) => chosen.has(f));
+    if (modes.has("wait") && floorFaults.length) {
+      floor = await section("floor", () => runFloor(env, plan.floorTrials, floorFaults));
+    }
     // Millisecond faults first, alone on the machine: nothing else of ours runs meanwhile.
     if (modes.has("wait") && msFaults.length) {
       record(
@@ -191,6 +217,7 @@ try {
         ),
       );
     }
+    if (modes.has("wait") && msFaults.length) statementTimes = await readStatementTimes(admin);
     if (modes.has("wait") && leaseFaults.length) {
       record(
         PROFILES.waitLease,
@@ -225,9 +252,22 @@ try {
       }));
   }
   if (sections.has("memory")) {
-    memory = await section("memory", () => runMemory(env, plan.memoryCounts));
+    // Loaded only when run: it is another engineer's section, and may lag the library.
+    const { runMemory } = await import("./_memory.ts");
+    memory = await section("memory", async () => {
+      // 1000 LeaderLock instances in one process need 1000 connections.
+      await using big = await startPostgres({ settings: { max_connections: 1100 } });
+      const bigAdmin = new Admin(big);
+      try {
+        await bigAdmin.query("CREATE DATABASE bench");
+        return await runMemory({ ...env, server: big, admin: bigAdmin }, plan.memoryCounts);
+      } finally {
+        await bigAdmin.close();
+      }
+    });
   }
 } finally {
+  await observer.close();
   await admin.close();
 }
 
@@ -253,6 +293,7 @@ const partial = {
   failover,
   overlapTotalMs,
   floor,
+  statementTimes,
   load,
   memory,
   notes,
