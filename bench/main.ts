@@ -252,19 +252,26 @@ try {
       }));
   }
   if (sections.has("memory")) {
-    // Loaded only when run: it is another engineer's section, and may lag the library.
-    const { runMemory } = await import("./_memory.ts");
-    memory = await section("memory", async () => {
-      // 1000 LeaderLock instances in one process need 1000 connections.
-      await using big = await startPostgres({ settings: { max_connections: 1100 } });
-      const bigAdmin = new Admin(big);
-      try {
-        await bigAdmin.query("CREATE DATABASE bench");
-        return await runMemory({ ...env, server: big, admin: bigAdmin }, plan.memoryCounts);
-      } finally {
-        await bigAdmin.close();
-      }
+    // Loaded only when run: it is another engineer's section, and may lag the library; a failure
+    // to load it must not cost the sections already measured.
+    const loaded = await import("./_memory.ts").catch((error) => {
+      log(`memory section skipped: ${error instanceof Error ? error.message : error}`);
+      return undefined;
     });
+    const runMemory = loaded?.runMemory;
+    if (runMemory) {
+      memory = await section("memory", async () => {
+        // 1000 LeaderLock instances in one process need 1000 connections.
+        await using big = await startPostgres({ settings: { max_connections: 1100 } });
+        const bigAdmin = new Admin(big);
+        try {
+          await bigAdmin.query("CREATE DATABASE bench");
+          return await runMemory({ ...env, server: big, admin: bigAdmin }, plan.memoryCounts);
+        } finally {
+          await bigAdmin.close();
+        }
+      });
+    }
   }
 } finally {
   await observer.close();
