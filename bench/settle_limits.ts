@@ -7,6 +7,7 @@
  * deno run -A bench/settle_limits.ts           # ~8 min -> bench/results/settle_limits.{json,md}
  * deno run -A bench/settle_limits.ts --quick   # ~2 min -> bench/results/quick/settle_limits.*
  * deno run -A bench/settle_limits.ts --trials 5 --only latency,block --settle 10 --out /tmp/x
+ * deno run -A bench/settle_limits.ts --report-only bench/results/settle_limits.json  # redraw .md
  * ```
  *
  * Two candidate processes (`bench/_settle_candidate.ts`) compete for one lock: A leads, B waits
@@ -656,9 +657,10 @@ function markdown(meta: Record<string, unknown>, cells: CellResult[]): string {
     "`isLeader` went false this long after the new leader's `acquired` (trials with overlap / all;",
     "min / p50 / max over the overlapping trials). **Stale writes**: old-term token-guarded writes",
     "sent after the new leader announced (accepted by the row / all; the rest were refused by the",
-    "token).",
+    "token). **CPU pressure**: the share of the cell's wall time in which some task on the",
+    "machine waited for a core (Linux PSI).",
     "",
-    "| scenario | settleMs | overlap | overlap ms min / p50 / max | old claim ended p50 / max | new leader granted / announced p50 | stale writes accepted / sent | load avg (1 min) |",
+    "| scenario | settleMs | overlap | overlap ms min / p50 / max | old claim ended p50 / max | new leader granted / announced p50 | stale writes accepted / sent | load avg (1 min), CPU pressure |",
     "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
   ];
   for (const c of cells) {
@@ -671,7 +673,9 @@ function markdown(meta: Record<string, unknown>, cells: CellResult[]): string {
           : "-"
       } | ${fmt(s.claimEndMs.p50)} / ${fmt(s.claimEndMs.max)} | ${fmt(s.grantedMs.p50)} / ${
         fmt(s.announcedMs.p50)
-      } | ${s.staleAccepted} / ${s.staleWrites} | ${c.loadavgStart[0]}-${c.loadavgEnd[0]} |`,
+      } | ${s.staleAccepted} / ${s.staleWrites} | ${c.loadavgStart[0]}-${c.loadavgEnd[0]}, ${
+        c.cpuPressurePct ?? "-"
+      } % |`,
     );
   }
   const blocked = cells.filter((c) => c.summary.isLeaderTrueAfterBlock !== undefined);
@@ -800,4 +804,22 @@ async function main(): Promise<void> {
   log(`wrote ${md.pathname} and ${json.pathname} in ${meta.elapsedS} s`);
 }
 
-if (import.meta.main) await main();
+/** `--report-only <json>`: writes the markdown of an earlier run next to its JSON. */
+async function reportOnly(path: string): Promise<void> {
+  const { cells, ...meta } = JSON.parse(await Deno.readTextFile(path));
+  const md = path.replace(/\.json$/, ".md");
+  await Deno.writeTextFile(md, markdown(meta, cells));
+  await new Deno.Command(Deno.execPath(), {
+    args: ["fmt", "--quiet", md],
+    cwd: REPO,
+    stdout: "null",
+    stderr: "inherit",
+  }).output();
+  console.log(await Deno.readTextFile(md));
+}
+
+if (import.meta.main) {
+  const report = flag("--report-only");
+  if (report) await reportOnly(report);
+  else await main();
+}
