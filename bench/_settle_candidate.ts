@@ -14,17 +14,21 @@
  *   as a leader's work would. A write from an older term that reaches the row after a newer
  *   term's write changes nothing (`accepted: false`).
  *
+ * - `term-write` (`token`, `sent`, `ok`, `error`): with `termWrites`, the same write through
+ *   `term.query` on the lock's own session, where the lock has `term`.
+ *
  * Commands, one per stdin line:
  *
  * - `ping <id>`: prints `pong` (`id`) at once, for the benchmark to estimate the clock offset.
  * - `block <ms>`: prints `block-start`, keeps the event loop busy for `ms`, then prints
  *   `block-end` with `isLeader` read right after the busy loop (what a leader that checks before
  *   acting would see) and, when the lock has a current term, tries a fenced statement on the
- *   lock's own session (`term.query`) and prints `term-query` (`ok`, `error`; `skipped` where
- *   the lock has no `term`).
+ *   lock's own session (`term.query`: an INSERT of its token into `settle_term_writes`) and
+ *   prints `term-query` (`ok`, `error`; `skipped` where the lock has no `term`).
  * - `step-down`: calls `lock.stepDown()`.
  *
- * Config: JSON in the first argument: `dsn`, `key1`, `key2`, `settleMs`, `retryIntervalMs`.
+ * Config: JSON in the first argument: `dsn`, `key1`, `key2`, `settleMs`, `retryIntervalMs`,
+ * `termWrites`.
  *
  * @module
  */
@@ -44,6 +48,8 @@ export interface SettleCandidateConfig {
   settleMs: number;
   /** The reconnect interval. */
   retryIntervalMs: number;
+  /** Also write the token through `term.query` on the lock's own session at every tick. */
+  termWrites?: boolean;
 }
 
 /** What the candidate can see of a term (the lead's `Term`, read defensively). */
@@ -53,6 +59,9 @@ interface TermLike {
 
 /** The acquiring statements: a try-lock or a wait in the lock queue (not the unlock). */
 const LOCKING = /pg_(try_)?advisory_lock\(/;
+
+/** A write on the lock's own session: it can only run while that session exists. */
+const TERM_INSERT = "INSERT INTO settle_term_writes (id, token) VALUES ($1::int, $2::numeric)";
 
 function now(): number {
   return performance.timeOrigin + performance.now();
@@ -141,6 +150,22 @@ async function main(args: string[]): Promise<void> {
     }
   };
 
+  let termWriting = false;
+  const termWrite = async (term: bigint) => {
+    const current = (lock as unknown as { term?: TermLike }).term;
+    if (termWriting || !current || typeof current.query !== "function") return;
+    termWriting = true;
+    const sent = now();
+    try {
+      await current.query(TERM_INSERT, [config.key2, String(term)]);
+      emit({ type: "term-write", token: String(term), sent, ok: true });
+    } catch (error) {
+      emit({ type: "term-write", token: String(term), sent, ok: false, error: describe(error) });
+    } finally {
+      termWriting = false;
+    }
+  };
+
   lock.addEventListener("acquired", (e) => {
     token = e.fencingToken;
     claiming = true;
@@ -158,7 +183,9 @@ async function main(args: string[]): Promise<void> {
     }, 1);
     writer = setInterval(() => {
       // The check a careful leader makes before acting.
-      if (lock.isLeader) write(term);
+      if (!lock.isLeader) return;
+      write(term);
+      if (config.termWrites) termWrite(term);
     }, 20);
     if (lock.isLeader) write(term);
   });
@@ -191,7 +218,8 @@ async function main(args: string[]): Promise<void> {
       return;
     }
     const sent = now();
-    term.query("SELECT 1").then(
+    // The same write as the token-guarded one, but on the lock's own session.
+    term.query(TERM_INSERT, [config.key2, String(token)]).then(
       () => emit({ type: "term-query", sent, ok: true }),
       (error) => emit({ type: "term-query", sent, ok: false, error: describe(error) }),
     );

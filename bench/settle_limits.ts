@@ -67,6 +67,14 @@ interface TrialResult {
   isLeaderAfterBlock?: boolean;
   /** The fenced statement on the old leader's own session after its block. */
   termQuery?: { ok: boolean; error?: string };
+  /** Old-term `term.query` writes (`termWrites`) sent after the new leader announced. */
+  termWritesStale: number;
+  /** How many of those succeeded. */
+  termWritesStaleOk: number;
+  /** Old-term rows in `settle_term_writes` written after the kill (by the server's clock). */
+  termRowsAfterKill: number;
+  /** Old-term rows in `settle_term_writes` in all. */
+  termRows: number;
   /** When the new leader's lock statement returned. */
   grantedMs: number;
   /** When the new leader announced itself (`acquired`). */
@@ -91,6 +99,8 @@ interface TrialResult {
 interface CellResult {
   scenario: string;
   settleMs: number;
+  /** Whether the candidates also wrote through `term.query` at every tick. */
+  termWrites: boolean;
   trials: TrialResult[];
   loadavgStart: number[];
   loadavgEnd: number[];
@@ -113,11 +123,17 @@ interface CellSummary {
   staleWrites: number;
   staleAccepted: number;
   staleRefused: number;
+  termWritesStale: number;
+  termWritesStaleOk: number;
+  termRowsAfterKill: number;
+  termRows: number;
   tokensIncreased: boolean;
   isLeaderTrueAfterBlock?: number;
   /** Trials where the old leader tried `term.query` after its block (the lock has `term`). */
   termQueryTried?: number;
   termQueryRefused?: number;
+  /** Old-term `term.query` INSERTs found in the table afterwards. */
+  termQueryLanded?: number;
 }
 
 const args = Deno.args;
@@ -137,7 +153,11 @@ const KEY1 = 7301;
 const TIMEOUT_MS = 20_000;
 const REPO = new URL("../", import.meta.url);
 const OUT = flag("--out") !== undefined
-  ? new URL(`file://${Deno.realPathSync(flag("--out")!)}/`)
+  ? new URL(
+    `file://${
+      Deno.realPathSync((Deno.mkdirSync(flag("--out")!, { recursive: true }), flag("--out")!))
+    }/`,
+  )
   : new URL(QUICK ? "./results/quick/" : "./results/", import.meta.url);
 
 function now(): number {
@@ -410,7 +430,7 @@ let nextKey2 = 0;
 async function startPair(
   server: TestPostgres,
   settleMs: number,
-  options: { proxied: boolean; nice: boolean },
+  options: { proxied: boolean; nice: boolean; termWrites: boolean },
 ): Promise<Pair> {
   const key2 = ++nextKey2;
   await admin.query("INSERT INTO settle_fence (id, token) VALUES ($1, 0)", [key2]);
@@ -431,6 +451,7 @@ async function startPair(
     key2,
     settleMs,
     retryIntervalMs: 50,
+    termWrites: options.termWrites,
   });
   const started: Candidate[] = [];
   try {
@@ -492,7 +513,12 @@ async function trial(pair: Pair, scenario: Scenario, index: number): Promise<Tri
     blockStart = await a.next("block-start", before);
   }
   const killAt = now();
-  await admin.query("SELECT pg_catalog.pg_terminate_backend($1)", [backendPid]);
+  const killed = await admin.query(
+    `SELECT pg_catalog.pg_terminate_backend($1),
+            (extract(epoch FROM pg_catalog.clock_timestamp()) * 1000)::float8 AS at`,
+    [backendPid],
+  );
+  const killedOnServer = Number(killed.rows[0]?.at);
   const [announced, claimEnd] = await Promise.all([
     b.next("acquired", killAt),
     a.next("claim-end", killAt, TIMEOUT_MS, (e) => e.token === oldToken),
@@ -510,6 +536,15 @@ async function trial(pair: Pair, scenario: Scenario, index: number): Promise<Tri
 
   const writes = a.events.filter((e) => e.type === "write" && e.token === oldToken);
   const stale = writes.filter((e) => Number(e.sent) > announced.t);
+  const termStale = a.events.filter((e) =>
+    e.type === "term-write" && e.token === oldToken && Number(e.sent) > announced.t
+  );
+  const termRows = await admin.query(
+    `SELECT count(*)::int AS total,
+            count(*) FILTER (WHERE at > pg_catalog.to_timestamp($3::float8 / 1000))::int AS late
+       FROM settle_term_writes WHERE id = $1 AND token = $2::numeric`,
+    [pair.key2, oldToken, killedOnServer],
+  );
   // Only a newer term's write can make the row refuse this term's token.
   const refused = writes.filter((e) => e.accepted === false);
   const at = (t: number) => round(t - killAt, 2);
@@ -525,6 +560,10 @@ async function trial(pair: Pair, scenario: Scenario, index: number): Promise<Tri
     staleWrites: stale.length,
     staleAccepted: stale.filter((e) => e.accepted === true).length,
     staleRefused: refused.length,
+    termWritesStale: termStale.length,
+    termWritesStaleOk: termStale.filter((e) => e.ok === true).length,
+    termRowsAfterKill: Number(termRows.rows[0]?.late ?? 0),
+    termRows: Number(termRows.rows[0]?.total ?? 0),
     loadavg1: round(Deno.loadavg()[0] ?? 0, 2),
   };
   if (blockStart && blockEnd) {
@@ -555,6 +594,10 @@ function summarizeCell(trials: TrialResult[]): CellSummary {
     staleWrites: ok.reduce((n, t) => n + t.staleWrites, 0),
     staleAccepted: ok.reduce((n, t) => n + t.staleAccepted, 0),
     staleRefused: ok.reduce((n, t) => n + t.staleRefused, 0),
+    termWritesStale: ok.reduce((n, t) => n + t.termWritesStale, 0),
+    termWritesStaleOk: ok.reduce((n, t) => n + t.termWritesStaleOk, 0),
+    termRowsAfterKill: ok.reduce((n, t) => n + t.termRowsAfterKill, 0),
+    termRows: ok.reduce((n, t) => n + t.termRows, 0),
     tokensIncreased: ok.every((t) => BigInt(t.newToken) > BigInt(t.oldToken)),
   };
   const blocked = ok.filter((t) => t.isLeaderAfterBlock !== undefined);
@@ -562,6 +605,7 @@ function summarizeCell(trials: TrialResult[]): CellSummary {
     summary.isLeaderTrueAfterBlock = blocked.filter((t) => t.isLeaderAfterBlock).length;
     summary.termQueryTried = blocked.filter((t) => t.termQuery).length;
     summary.termQueryRefused = blocked.filter((t) => t.termQuery && !t.termQuery.ok).length;
+    summary.termQueryLanded = blocked.reduce((n, t) => n + t.termRowsAfterKill, 0);
   }
   return summary;
 }
@@ -575,7 +619,8 @@ async function runCell(
   const name = scenarioName(scenario);
   log(`${name}, settleMs ${settleMs}: ${trials} trials`);
   const nice = scenario.kind === "nice";
-  let pair = await startPair(server, settleMs, { proxied: !nice, nice });
+  const options = { proxied: !nice, nice, termWrites: nice };
+  let pair = await startPair(server, settleMs, options);
   pair.aProxy?.setLatency(scenario.kind === "latency" ? scenario.ms : 0);
   const [ca, cb] = [await pair.a.clockOffset(), await pair.b.clockOffset()];
   const busy = nice ? startBusy(BUSY_PROCESSES) : [];
@@ -611,7 +656,7 @@ async function runCell(
         log(`  events of A and B in ${dump.pathname}`);
         results.push({ trial: i, error: message } as TrialResult);
         await stopPair(pair);
-        pair = await startPair(server, settleMs, { proxied: !nice, nice });
+        pair = await startPair(server, settleMs, options);
         pair.aProxy?.setLatency(scenario.kind === "latency" ? scenario.ms : 0);
       }
     }
@@ -624,6 +669,7 @@ async function runCell(
   return {
     scenario: name,
     settleMs,
+    termWrites: options.termWrites,
     trials: results,
     loadavgStart,
     loadavgEnd: Deno.loadavg().map((x) => round(x, 2)),
@@ -682,19 +728,39 @@ function markdown(meta: Record<string, unknown>, cells: CellResult[]): string {
   if (blocked.length > 0) {
     lines.push(
       "",
-      "After its block, the old leader read `isLeader` and tried `term.query` on its own session:",
+      "After its block, the old leader read `isLeader` and, where it was true, tried `term.query` on its",
+      "own session (an INSERT of its token; rows found afterwards):",
       "",
     );
     lines.push(
-      "| scenario | settleMs | `isLeader` true after the block | `term.query` refused or failed |",
+      "| scenario | settleMs | `isLeader` true after the block | `term.query` refused or failed | rows written |",
     );
-    lines.push("| --- | ---: | ---: | ---: |");
+    lines.push("| --- | ---: | ---: | ---: | ---: |");
     for (const c of blocked) {
       const s = c.summary;
       lines.push(
         `| ${c.scenario} | ${c.settleMs} | ${s.isLeaderTrueAfterBlock} / ${s.trials - s.failed} | ${
-          s.termQueryTried ? `${s.termQueryRefused} / ${s.termQueryTried}` : "n/a (no `term`)"
+          s.termQueryTried
+            ? `${s.termQueryRefused} / ${s.termQueryTried} | ${s.termQueryLanded}`
+            : "n/a (no `term`) | -"
         } |`,
+      );
+    }
+  }
+  const termWriting = cells.filter((c) => c.termWrites);
+  if (termWriting.length > 0) {
+    lines.push(
+      "",
+      "Leaders that also wrote their token through `term.query` on the lock's own session every 20 ms",
+      "(an INSERT; rows found afterwards with a server timestamp after the kill):",
+      "",
+      "| scenario | settleMs | old-term `term.query` writes sent after the new leader announced: succeeded / sent | old-term rows written after the kill / in all |",
+      "| --- | ---: | ---: | ---: |",
+    );
+    for (const c of termWriting) {
+      const s = c.summary;
+      lines.push(
+        `| ${c.scenario} | ${c.settleMs} | ${s.termWritesStaleOk} / ${s.termWritesStale} | ${s.termRowsAfterKill} / ${s.termRows} |`,
       );
     }
   }
@@ -743,6 +809,10 @@ async function main(): Promise<void> {
   await admin.connect();
   await admin.query(
     "CREATE TABLE settle_fence (id int PRIMARY KEY, token numeric NOT NULL, writer int)",
+  );
+  await admin.query(
+    `CREATE TABLE settle_term_writes
+       (id int NOT NULL, token numeric NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`,
   );
   const { rows } = await admin.query("SHOW server_version");
   const scenarios = ([
