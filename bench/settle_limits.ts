@@ -22,22 +22,25 @@
  * - **nice 19**: A runs at nice 19, beside 4 busy processes (`sh -c 'while :; do :; done'`) at
  *   nice 0, on the machine's cores; B runs at nice 0. A and B connect directly.
  *
- * Each at `settleMs` 10 (the default) and 100; the baseline also at 0. The old leader's claim ends when its `isLeader`
- * goes false (`claim-end`: its `statechange` out of `leader`, or its 1 ms sampler); the new
- * leader's starts at its `acquired`. **Overlap** is claim end minus announcement, when positive.
+ * Each at `settleMs` 10 (the default) and 100; the baseline also at 0. The old leader's claim
+ * ends when its `isLeader` goes false (`claim-end`: its `statechange` out of `leader`, or its
+ * 1 ms sampler); the new leader's starts at its `acquired`. **Overlap** is claim end minus announcement, when positive.
  * Timestamps are `performance.timeOrigin + performance.now()` in each process; the bench pings
  * each candidate to estimate the offset between the clocks (`clockOffsetMs`).
  *
  * While leading, each candidate writes its fencing token every 20 ms to a token-guarded row
  * (`UPDATE .. SET token = $1 WHERE token <= $1`) on a second connection: the trial counts the
  * old leader's writes sent after the new leader announced, and how many the row accepted (only
- * those that reached it before the new leader's first write can be). After a block, the old
- * leader reads `isLeader` and, where the lock has `term.query`, tries a fenced statement on the
- * lock's own session.
+ * those that reached it before the new leader's first write can be). Where the lock has `term`
+ * (`term.query`, statements on the lock's own session), the old leader tries an INSERT of its
+ * token that way after its block, and the starved (nice 19) leaders make it at every 20 ms tick
+ * too; the bench counts the old term's rows stamped (server clock) after the kill.
  *
  * After each trial, A reconnects and queues; B steps down, handing the lock back to A (no settle
  * on a handover), and the next trial starts 100-400 ms (plus two round trips of A's latency)
- * after A leads again with B queued, as checked in `pg_locks`.
+ * after A leads again with B queued, as checked in `pg_locks`. (A follower granted the lock more
+ * than ~1.8 s into a wait statement loses it at once on the current code: its grant's lease is
+ * counted from the wait's send time. The hand-back retries when that happens and says so.)
  *
  * @module
  */
@@ -412,6 +415,7 @@ async function handBack(pair: Pair): Promise<void> {
         await settledWithALeading(pair);
         return;
       }
+      log(`  hand-back: A's new term ended at once (${a.last("lost")?.reason}); again`);
       continue;
     }
     if (attempt > 5) throw new Error("A did not keep the lock after 5 handovers");
