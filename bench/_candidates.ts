@@ -432,12 +432,17 @@ BEGIN
   END LOOP;
 END $$`;
 
-/** A superuser session that watches handovers from the server's side (see `bench_watch`). */
+/**
+ * A superuser session that watches handovers from the server's side (see `bench_watch`).
+ * Reconnects after a server restart (the restart fault ends its session).
+ */
 export class Observer {
-  readonly #client: InstanceType<typeof pg.Client>;
+  readonly #server: TestPostgres;
+  #client: InstanceType<typeof pg.Client> | undefined;
+  #broken = true;
 
-  private constructor(client: InstanceType<typeof pg.Client>) {
-    this.#client = client;
+  private constructor(server: TestPostgres) {
+    this.#server = server;
   }
 
   /**
@@ -447,17 +452,29 @@ export class Observer {
    * @returns The observer.
    */
   static async open(server: TestPostgres): Promise<Observer> {
-    const client = new pg.Client({
-      host: server.socketDir,
-      port: server.port,
-      user: "postgres",
-      database: "postgres",
-    });
-    client.on("error", () => {});
-    await client.connect();
-    await client.query(WATCH_FUNCTION);
-    await client.query("SET application_name = 'bench:observer'");
-    return new Observer(client);
+    const observer = new Observer(server);
+    await observer.#query(WATCH_FUNCTION);
+    return observer;
+  }
+
+  async #query(sql: string, values: unknown[] = []): Promise<Record<string, unknown>[]> {
+    if (this.#broken || !this.#client) {
+      await this.#client?.end().catch(() => {});
+      const client = new pg.Client({
+        host: this.#server.socketDir,
+        port: this.#server.port,
+        user: "postgres",
+        database: "postgres",
+      });
+      const broken = () => this.#broken = true;
+      client.on("error", broken);
+      client.on("end", broken);
+      await client.connect();
+      await client.query("SET application_name = 'bench:observer'");
+      this.#client = client;
+      this.#broken = false;
+    }
+    return (await this.#client.query(sql, values)).rows;
   }
 
   /**
@@ -472,7 +489,7 @@ export class Observer {
     oldPid: number,
     maxMs: number,
   ): Promise<ServerView> {
-    const { rows } = await this.#client.query(
+    const rows = await this.#query(
       "SELECT * FROM bench_watch($1, $2, $3, $4)",
       [key1, key2, oldPid, maxMs],
     );
@@ -498,7 +515,7 @@ export class Observer {
    */
   async committedAt(token: bigint): Promise<number | null> {
     const xid = String(token & 0xffffffffn);
-    const { rows } = await this.#client.query(
+    const rows = await this.#query(
       "SELECT extract(epoch FROM pg_xact_commit_timestamp($1::text::xid)) * 1000 AS t",
       [xid],
     );
@@ -516,9 +533,7 @@ export class Observer {
     let best = { rtt: Infinity, offset: 0 };
     for (let i = 0; i < 10; i++) {
       const before = now();
-      const { rows } = await this.#client.query(
-        "SELECT extract(epoch FROM clock_timestamp()) * 1000 AS t",
-      );
+      const rows = await this.#query("SELECT extract(epoch FROM clock_timestamp()) * 1000 AS t");
       const after = now();
       const offset = Number((rows[0] as { t: number }).t) - (before + after) / 2;
       if (after - before < best.rtt) best = { rtt: after - before, offset };
@@ -528,6 +543,7 @@ export class Observer {
 
   /** Closes the session. */
   async close(): Promise<void> {
-    await this.#client.end().catch(() => {});
+    await this.#client?.end().catch(() => {});
+    this.#client = undefined;
   }
 }
