@@ -5,7 +5,7 @@
  *
  * ```sh
  * deno run -A bench/settle_limits.ts           # ~8 min -> bench/results/settle_limits.{json,md}
- * deno run -A bench/settle_limits.ts --quick   # ~2 min -> bench/results/quick/settle_limits.*
+ * deno run -A bench/settle_limits.ts --quick   # ~1 min -> bench/results/quick/settle_limits.*
  * deno run -A bench/settle_limits.ts --trials 5 --only latency,block --settle 10 --out /tmp/x
  * deno run -A bench/settle_limits.ts --report-only bench/results/settle_limits.json  # redraw .md
  * ```
