@@ -28,9 +28,16 @@ export {
   type AcquireMode,
   LeaderLock,
   type LeaderLockOptions,
+  type LeaderLockTelemetryOptions,
+  type LeadOptions,
   type ShutdownOptions,
   type WaitForLeadershipOptions,
 } from "./src/leader_lock.ts";
+export type { Term, TermTransaction } from "./src/term.ts";
+export type { Row } from "./src/protocol.ts";
+export type { MeterProviderLike, TracerProviderLike } from "./src/telemetry.ts";
+export { shutdownSignal, type ShutdownSignalName } from "./src/signals.ts";
+export { LOCK_KEYS_SQL, lockKeys } from "./src/lock_name.ts";
 export type { LockState } from "./src/state.ts";
 export {
   AcquiredEvent,

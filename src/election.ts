@@ -50,6 +50,7 @@ import {
 } from "./protocol.ts";
 import type { LockSession } from "./session.ts";
 import { canTransition, type LockState } from "./state.ts";
+import { LeaderTerm, type Term } from "./term.ts";
 
 type Phase =
   | { readonly kind: "connect" }
@@ -91,9 +92,10 @@ class SessionLost extends Error {
 }
 
 /** The current term: from the grant to the end of leadership. */
-interface Term {
+interface CurrentTerm {
   readonly token: bigint;
   readonly controller: AbortController;
+  readonly term: LeaderTerm;
   timer: ReturnType<typeof setTimeout> | undefined;
 }
 
@@ -112,7 +114,8 @@ export class Election {
   #draining = false;
   #state: LockState = "stopped";
   #token: bigint | undefined;
-  #term: Term | undefined;
+  #term: CurrentTerm | undefined;
+  readonly #endedTerms = new Map<bigint, LeadershipEndedError>();
   #acknowledged = false;
   #session: LockSession | undefined;
   #facts: SessionFacts | undefined;
@@ -128,6 +131,17 @@ export class Election {
   #lastHolder: Holder | undefined;
   #fatal: PgLeaderLockError | undefined;
   #finished: Promise<void> | undefined;
+  /** Serializes the protocol's statements and the user's fenced ones on the one session. */
+  #sessionQueue: Promise<void> = Promise.resolve();
+  /** How long the release waits for {@linkcode work} (set by the stop or step-down request). */
+  #drainMs = 0;
+  /** The lease deadline when the claim ended: the release's drain must end before it. */
+  #claimDeadline = -Infinity;
+  /**
+   * Settles when the work running for the current term has returned (set by the owner while a
+   * `lead()` work runs): a release waits for it, up to its drain time, before unlocking.
+   */
+  work: Promise<unknown> | undefined;
   /**
    * Whether followers read the holder after every wait window (one more statement per window),
    * for `leaderchange` listeners. Set by the owner as listeners come and go.
@@ -183,6 +197,16 @@ export class Election {
     return this.#term?.controller.signal;
   }
 
+  /** The current term, while it lasts. */
+  get term(): Term | undefined {
+    return this.#term?.term;
+  }
+
+  /** The error that stopped the election for good, if one did. */
+  get fatalError(): PgLeaderLockError | undefined {
+    return this.#fatal;
+  }
+
   /** The backend pid of the current session (0 without one). */
   get backendPid(): number {
     return this.#session?.isEnded === false ? this.#facts?.backendPid ?? 0 : 0;
@@ -222,10 +246,12 @@ export class Election {
    * Stops: a leader stops claiming at once, releases, and everything open is closed.
    *
    * @param timeoutMs When it passes, the socket is closed anyway and this rejects.
+   * @param drainMs How long a leader waits for {@linkcode work} to return before it unlocks.
    * @returns Settles when the run has ended.
    * @throws {ShutdownError} When `timeoutMs` passed first.
    */
-  async stop(timeoutMs: number): Promise<void> {
+  async stop(timeoutMs: number, drainMs = 0): Promise<void> {
+    this.#drainMs = drainMs;
     this.#stopClaiming();
     this.#stop.abort();
     await this.#within(this.#finished ?? Promise.resolve(), timeoutMs, "shutdown");
@@ -236,12 +262,14 @@ export class Election {
    * stops claiming at once (isLeader false, term signal aborted), even with a check in flight.
    *
    * @param timeoutMs When it passes, the socket is closed anyway and this rejects.
+   * @param drainMs How long to wait for {@linkcode work} to return before unlocking.
    * @returns Settles when the lock was released, or at once when not leader.
    * @throws {LockError} When the unlock found the lock not held.
    * @throws {ShutdownError} When `timeoutMs` passed first.
    */
-  async stepDown(timeoutMs: number): Promise<void> {
+  async stepDown(timeoutMs: number, drainMs = 0): Promise<void> {
     if (this.#state !== "leader") return;
+    this.#drainMs = drainMs;
     this.#stepDown ??= Promise.withResolvers<void>();
     const released = this.#stepDown.promise;
     this.#stopClaiming();
@@ -412,11 +440,17 @@ export class Election {
     this.#token = token;
     this.#attempts = 0;
     this.#stepDownRequested = new AbortController();
-    const term: Term = { token, controller: new AbortController(), timer: undefined };
+    const controller = new AbortController();
+    const term: CurrentTerm = {
+      token,
+      controller,
+      term: new LeaderTerm(token, regained, controller.signal, (fn) => this.fenced(token, fn)),
+      timer: undefined,
+    };
     this.#term = term;
     this.#armTermTimer();
     this.#setState("leader", [
-      new AcquiredEvent(token, regained, term.controller.signal),
+      new AcquiredEvent(token, regained, term.term),
       new RenewedEvent(token, this.#lease.deadline),
     ]);
     return { kind: "lead" };
@@ -432,7 +466,7 @@ export class Election {
   async #acknowledge(): Promise<boolean> {
     const sentAt = this.#clock();
     const held = await withDeadline(
-      this.#statement((s) => this.#statements.renew(s)),
+      this.#exclusive(() => this.#statement((s) => this.#statements.renew(s))),
       this.#lease.remainingMs,
     );
     if (held === ABORTED) return false;
@@ -462,7 +496,9 @@ export class Election {
       const sentAt = this.#clock();
       let held: boolean;
       try {
-        held = await withDeadline(this.#statements.renew(session), this.#lease.remainingMs);
+        held = await this.#untilLeaseEnds(
+          this.#exclusive(() => this.#statements.renew(session)),
+        );
       } catch (error) {
         if (this.#sessionLost.aborted) return this.#lose("session-ended", this.#sessionError());
         // The check's deadline is the lease's end: no answer by then is an expired lease.
@@ -484,9 +520,20 @@ export class Election {
     const token = this.#token!;
     const { key1, key2 } = this.#config;
     this.#stopClaiming(); // already done by stop() or stepDown(), which led here
+    await this.#drain();
+    if (this.#sessionLost.aborted) {
+      this.#settleStepDown();
+      return this.#afterTerm(
+        new LostEvent(
+          "session-ended",
+          token,
+          asLockError(this.#sessionError(), "The session ended"),
+        ),
+      );
+    }
     let outcome;
     try {
-      outcome = await this.#statements.unlock(this.#session!);
+      outcome = await this.#exclusive(() => this.#statements.unlock(this.#session!));
     } catch (error) {
       // The session died under the unlock: the lock went with it.
       this.#destroySession();
@@ -594,9 +641,92 @@ export class Election {
   /** A leader asked to release stops counting itself leader at once: the unlock follows. */
   #stopClaiming(): void {
     if (this.#state !== "leader") return;
+    this.#claimDeadline = this.#lease.deadline;
     this.#lease.revoke();
     this.#setState("releasing");
     this.#endTerm("released", undefined);
+  }
+
+  /**
+   * Graceful handover: waits for the term's work to return, at most `drainMs` and never past the
+   * lease the server still holds for this session (the lock must not lapse on the server while
+   * the old term drains), nor past the session's end.
+   */
+  async #drain(): Promise<void> {
+    const work = this.work;
+    const boundMs = Math.min(this.#drainMs, this.#claimDeadline - this.#clock());
+    if (!work || boundMs <= 0) return;
+    const ended = new AbortController();
+    work.then(() => ended.abort(), () => ended.abort());
+    await sleep(boundMs, [ended.signal, this.#sessionLost]);
+  }
+
+  /**
+   * Runs `fn` on the term's session for the user (`term.query()`, `term.transaction()`): only
+   * while the term is current and its lease valid, serialized with the protocol's statements.
+   * A statement that succeeds on the lock's own session proves it still held the lock when it
+   * answered, so it renews the lease from its send time as a health check would.
+   *
+   * @param token The term's token.
+   * @param fn What to run on the session.
+   * @returns What `fn` returns.
+   * @throws {LeadershipEndedError} When the term is over before `fn` could start.
+   */
+  async fenced<T>(token: bigint, fn: (session: LockSession) => Promise<T>): Promise<T> {
+    this.#assertTerm(token);
+    return await this.#exclusive(async () => {
+      this.#assertTerm(token);
+      const sentAt = this.#clock();
+      const result = await fn(this.#session!);
+      if (this.#term?.token === token && this.#state === "leader") {
+        this.#lease.renew(sentAt);
+        this.#armTermTimer();
+      }
+      return result;
+    });
+  }
+
+  /**
+   * Throws the term's end if `token`'s term is over; ends it first if its lease ran out without
+   * the timer having fired yet (a process that just woke from a pause).
+   */
+  #assertTerm(token: bigint): void {
+    const term = this.#term;
+    if (term?.token === token && !this.#lease.valid) this.#endTerm("lease-expired", undefined);
+    if (this.#term?.token === token && this.#session && !this.#session.isEnded) return;
+    throw this.#endedTerms.get(token) ??
+      new LeadershipEndedError("released", token);
+  }
+
+  /** Runs `fn` alone on the session: the protocol's statements and user statements take turns. */
+  async #exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const previous = this.#sessionQueue;
+    const turn = Promise.withResolvers<void>();
+    this.#sessionQueue = turn.promise;
+    await previous;
+    try {
+      return await fn();
+    } finally {
+      turn.resolve();
+    }
+  }
+
+  /**
+   * Settles like `promise`, or rejects with {@linkcode DeadlineError} once the lease has run out;
+   * the deadline moves when the lease is renewed meanwhile (by a fenced user statement that
+   * answered while the check waited its turn).
+   */
+  async #untilLeaseEnds<T>(promise: Promise<T>): Promise<T> {
+    promise.catch(() => {});
+    for (;;) {
+      const remaining = this.#lease.remainingMs;
+      if (remaining <= 0) throw new DeadlineError(0);
+      try {
+        return await withDeadline(promise, remaining);
+      } catch (error) {
+        if (!(error instanceof DeadlineError) || !this.#lease.valid) throw error;
+      }
+    }
   }
 
   /** Aborts the current term's signal with why it ended. */
@@ -605,9 +735,11 @@ export class Election {
     if (!term) return;
     this.#term = undefined;
     clearTimeout(term.timer);
-    term.controller.abort(
-      new LeadershipEndedError(reason, term.token, cause ? { cause } : undefined),
-    );
+    const ended = new LeadershipEndedError(reason, term.token, cause ? { cause } : undefined);
+    // Kept for fenced calls that arrive late; a few per process lifetime at most per minute.
+    this.#endedTerms.set(term.token, ended);
+    if (this.#endedTerms.size > 16) this.#endedTerms.delete(this.#endedTerms.keys().next().value!);
+    term.controller.abort(ended);
   }
 
   /** Ends the term at the client's lease deadline even if nothing else happens by then. */

@@ -5,6 +5,7 @@
  */
 import type { PgLeaderLockError } from "./errors.ts";
 import type { LockState } from "./state.ts";
+import type { Term } from "./term.ts";
 
 /** Why leadership ended without the holder choosing to give it up. */
 export type LostReason =
@@ -39,19 +40,22 @@ export class AcquiredEvent extends Event {
    * runs.
    */
   readonly signal: AbortSignal;
+  /** The term itself: its token, signal, and fenced statements on the lock's session. */
+  readonly term: Term;
 
   /**
    * Creates the event.
    *
    * @param fencingToken The token of the new term.
    * @param regained Whether this term follows a reconnect within the grace period.
-   * @param signal The term's signal.
+   * @param term The term.
    */
-  constructor(fencingToken: bigint, regained: boolean, signal: AbortSignal) {
+  constructor(fencingToken: bigint, regained: boolean, term: Term) {
     super("acquired");
     this.fencingToken = fencingToken;
     this.regained = regained;
-    this.signal = signal;
+    this.signal = term.signal;
+    this.term = term;
   }
 }
 

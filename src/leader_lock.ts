@@ -6,8 +6,15 @@
  */
 import { ListenerWrappers } from "./_listeners.ts";
 import { Election } from "./election.ts";
-import { PgLeaderLockError } from "./errors.ts";
-import { LeaderLockErrorEvent, type LeaderLockEventMap, type StateChangeEvent } from "./events.ts";
+import { LeadershipEndedError, PgLeaderLockError } from "./errors.ts";
+import {
+  type AcquiredEvent,
+  LeaderLockErrorEvent,
+  type LeaderLockEventMap,
+  type StateChangeEvent,
+} from "./events.ts";
+import { instrumentLeaderLock, type LeaderLockTelemetryOptions } from "./telemetry.ts";
+import type { Term } from "./term.ts";
 import {
   type AcquireMode,
   checkDuration,
@@ -17,17 +24,43 @@ import {
 } from "./options.ts";
 import type { LockState } from "./state.ts";
 
-export type { AcquireMode, LeaderLockOptions };
+export type { AcquireMode, LeaderLockOptions, LeaderLockTelemetryOptions, Term };
+
+/** The default of {@linkcode ShutdownOptions.drainMs}. */
+const DEFAULT_DRAIN_MS = 5000;
 
 /** Options of {@linkcode LeaderLock.shutdown} and {@linkcode LeaderLock.stepDown}. */
 export interface ShutdownOptions {
   /**
-   * How long to wait. When it passes the socket is closed anyway and the call rejects with
-   * {@linkcode ShutdownError}. At most 2^31 - 1.
+   * How long to wait in all. When it passes the socket is closed anyway and the call rejects
+   * with {@linkcode ShutdownError}. At most 2^31 - 1.
    *
    * @default {10000}
    */
   timeoutMs?: number;
+  /**
+   * Graceful handover: how long a leader waits, after its term's signal aborted (`isLeader` false
+   * from that instant), for the running {@linkcode LeaderLock.lead} work to return before it
+   * unlocks. Never longer than the lease the server still holds for the session. 0 unlocks at
+   * once.
+   *
+   * @default {5000}
+   */
+  drainMs?: number;
+}
+
+/** Options of {@linkcode LeaderLock.lead}. */
+export interface LeadOptions {
+  /** Aborting it ends `lead()`: the lock shuts down (draining the work) and `lead()` resolves. */
+  signal?: AbortSignal;
+  /**
+   * When the work throws (or rejects) while its term is current: `false` reports an `error` event
+   * and steps down, so another candidate takes over; `true` reports and keeps leading (the work
+   * runs again only in the next term).
+   *
+   * @default {false}
+   */
+  keepLeadingOnError?: boolean;
 }
 
 /** Options of {@linkcode LeaderLock.waitForLeadership}. */
@@ -78,6 +111,8 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   #run: Promise<void> | undefined;
   /** Set by shutdown(): the current election is on its way out; start() starts afresh. */
   #stopRequested = false;
+  /** Whether lead() is running. */
+  #leading = false;
   /** Listeners of `leaderchange`: followers read the holder after every window while any exist. */
   readonly #leaderChangeListeners = new Set<EventListener>();
   readonly #wrappers = new ListenerWrappers(
@@ -101,6 +136,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     this.key1 = this.#config.key1;
     this.key2 = this.#config.key2;
     this.identity = this.#config.identity;
+    if (options.telemetry !== false) instrumentLeaderLock(this, options.telemetry);
   }
 
   /** The current state. */
@@ -192,11 +228,11 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
    * @throws {ShutdownError} When `timeoutMs` passed first; the socket was closed anyway.
    */
   async shutdown(options: ShutdownOptions = {}): Promise<void> {
-    const timeoutMs = defaultTimeout(options, "shutdown");
+    const { timeoutMs, drainMs } = shutdownBounds(options, "shutdown");
     const election = this.#election;
     if (!election) return;
     this.#stopRequested = true;
-    await election.stop(timeoutMs);
+    await election.stop(timeoutMs, drainMs);
     await this.#run;
   }
 
@@ -212,8 +248,117 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
    * lock on the server.
    */
   async stepDown(options: ShutdownOptions = {}): Promise<void> {
-    const timeoutMs = defaultTimeout(options, "stepDown");
-    await this.#election?.stepDown(timeoutMs);
+    const { timeoutMs, drainMs } = shutdownBounds(options, "stepDown");
+    await this.#election?.stepDown(timeoutMs, drainMs);
+  }
+
+  /**
+   * The current term while this process leads (its token, signal and fenced statements), else
+   * `undefined`.
+   */
+  get term(): Term | undefined {
+    return this.isLeader ? this.#election?.term : undefined;
+  }
+
+  /**
+   * Runs `work` once per term of leadership, never two at once: the way to run the job that must
+   * run once across the fleet. Starts the lock if needed. `work(term)` gets the term's token, its
+   * signal (aborted the moment the term ends: stop then, the next leader may already be starting)
+   * and fenced statements on the lock's own session. A regained lock is a new term: `work` runs
+   * again, after the previous run has returned.
+   *
+   * @example Lead until Ctrl-C
+   * ```ts ignore
+   * import { LeaderLock, shutdownSignal } from "@x/pgleaderlock";
+   *
+   * await using lock = new LeaderLock({ name: "billing-cron", signal: shutdownSignal() });
+   * await lock.lead(async (term) => {
+   *   while (!term.signal.aborted) {
+   *     await term.query("INSERT INTO runs (token) VALUES ($1)", [term.fencingToken]);
+   *     await new Promise((r) => setTimeout(r, 60_000));
+   *   }
+   * });
+   * ```
+   *
+   * @param work The work of one term.
+   * @param options A signal that ends it, and what a throwing work does.
+   * @returns Resolves when the lock stops (shutdown, its signal, or `options.signal`), once the
+   * last work has returned.
+   * @throws {ConnectionError} When the lock stopped on a permanent connection error, or gave up.
+   * @throws {TypeError} When `work` is not a function.
+   */
+  async lead(work: (term: Term) => unknown, options: LeadOptions = {}): Promise<void> {
+    if (typeof work !== "function") {
+      throw new TypeError(
+        `Cannot call LeaderLock.lead() as 'work' must be a function: current value is ${typeof work}`,
+      );
+    }
+    const { signal, keepLeadingOnError = false } = options;
+    if (signal !== undefined && !(signal instanceof AbortSignal)) {
+      throw new TypeError("Cannot call LeaderLock.lead() as 'signal' must be an AbortSignal");
+    }
+    signal?.throwIfAborted();
+    if (this.#leading) {
+      throw new PgLeaderLockError("LeaderLock.lead() is already running on this lock");
+    }
+    this.#leading = true;
+    /** The last term's work until it has returned: the next one starts after it. */
+    let running: Promise<void> | undefined;
+    const runTerm = (term: Term) => {
+      const election = this.#election;
+      const run = async () => {
+        if (term.signal.aborted) return; // never start work for a term that is over
+        try {
+          await work(term);
+        } catch (error) {
+          const ended = term.signal.aborted && error === term.signal.reason;
+          if (ended || error instanceof LeadershipEndedError) return;
+          this.dispatchEvent(
+            new LeaderLockErrorEvent(
+              new PgLeaderLockError("The lead() work threw", { cause: error }),
+            ),
+          );
+          if (!keepLeadingOnError && !term.signal.aborted) {
+            this.stepDown({ drainMs: 0 }).catch(() => {});
+          }
+        }
+      };
+      // Started at once when no earlier work is still running: the drain of a step-down that
+      // follows right away waits for it.
+      const done: Promise<void> = running ? running.then(run) : run();
+      running = done;
+      if (election) election.work = done;
+      done.then(() => {
+        if (running === done) running = undefined;
+        if (election?.work === done) election.work = undefined;
+      });
+    };
+    const onAcquired = (event: AcquiredEvent) => runTerm(event.term);
+    const stopped = Promise.withResolvers<void>();
+    const onState = (event: StateChangeEvent) => {
+      if (event.to === "stopped") stopped.resolve();
+    };
+    const onAbort = () => {
+      this.shutdown().catch(() => {});
+    };
+    this.addEventListener("acquired", onAcquired);
+    this.addEventListener("statechange", onState);
+    signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      await this.start();
+      const current = this.#election?.term;
+      if (current && this.isLeader) runTerm(current);
+      if (this.#election?.finished || this.#stopRequested) stopped.resolve();
+      await stopped.promise;
+      await running;
+      const fatal = this.#election?.fatalError;
+      if (fatal && !signal?.aborted) throw fatal;
+    } finally {
+      this.removeEventListener("acquired", onAcquired);
+      this.removeEventListener("statechange", onState);
+      signal?.removeEventListener("abort", onAbort);
+      this.#leading = false;
+    }
   }
 
   /**
@@ -350,8 +495,12 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   }
 }
 
-function defaultTimeout(options: ShutdownOptions, method: string): number {
-  const { timeoutMs = 10_000 } = options;
+function shutdownBounds(
+  options: ShutdownOptions,
+  method: string,
+): { timeoutMs: number; drainMs: number } {
+  const { timeoutMs = 10_000, drainMs = DEFAULT_DRAIN_MS } = options;
   checkDuration("timeoutMs", timeoutMs, { method });
-  return timeoutMs;
+  checkDuration("drainMs", drainMs, { method });
+  return { timeoutMs, drainMs };
 }

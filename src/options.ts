@@ -12,6 +12,7 @@ import { redactDsn } from "./dsn.ts";
 import { MAX_DURATION_MS, sessionSettings } from "./protocol.ts";
 import { ExponentialBackoff, type RetryStrategy } from "./retry.ts";
 import { lockKeys } from "./lock_name.ts";
+import type { LeaderLockTelemetryOptions } from "./telemetry.ts";
 import { hostname, pid } from "./_runtime.ts";
 
 /** Options of {@linkcode LeaderLock}. Durations are milliseconds, each at most 2^31 - 1. */
@@ -104,6 +105,14 @@ export interface LeaderLockOptions extends ConnectionOptions {
    * @default {10}
    */
   settleMs?: number;
+  /**
+   * OpenTelemetry metrics and spans through `npm:@opentelemetry/api`: the global providers by
+   * default (a no-op until the application configures an SDK; Deno's built-in export picks them
+   * up), or the given ones; `false` turns it off.
+   *
+   * @default {{}} (the global providers)
+   */
+  telemetry?: LeaderLockTelemetryOptions | false;
 }
 
 const INT32_MIN = -2147483648;

@@ -253,6 +253,13 @@ async function connectOne(
     } catch (error) {
       // An older server refuses a setting it does not know (transaction_timeout before 17):
       // connect again without it.
+      // PgBouncer refuses the `options` startup parameter: connect without it (the first
+      // statement applies the settings instead).
+      if (/unsupported startup parameter: options/.test(errorMessage(error))) {
+        if (startup.unknown.has(NO_OPTIONS)) throw error;
+        startup.unknown.add(NO_OPTIONS);
+        continue;
+      }
       const unknown = unknownSetting(error);
       if (unknown === undefined || !(unknown in startup.settings) || startup.unknown.has(unknown)) {
         throw error;
@@ -260,6 +267,13 @@ async function connectOne(
       startup.unknown.add(unknown);
     }
   }
+}
+
+/** Marks, in `Startup.unknown`, a server (PgBouncer) that refuses the `options` parameter. */
+const NO_OPTIONS = " options";
+
+function errorMessage(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
 }
 
 /** The setting a server refused in the startup packet as unknown, if that is what `error` says. */
@@ -276,6 +290,7 @@ function unknownSetting(error: unknown): string | undefined {
  * backslashes escaped), which PostgreSQL applies in order, so ours win.
  */
 function startupOptions(params: ConnectionParams, startup: Startup): string | undefined {
+  if (startup.unknown.has(NO_OPTIONS)) return undefined;
   const ours = Object.entries(startup.settings)
     .filter(([name]) => name !== "application_name" && !startup.unknown.has(name))
     .map(([name, value]) => `-c ${name}=${value.replace(/([\\ ])/g, "\\$1")}`);

@@ -5,12 +5,11 @@
  * as locktype 'advisory', classid = key1 as an unsigned oid, objid = key2, objsubid = 2.
  *
  * Hardening (what no role, database, system setting or DSN option can change):
- * - Every function, view and type is schema-qualified (`pg_catalog.`) and every parameter carries
- *   an explicit type, so overload resolution cannot pick a user-defined function (a
- *   `public.pg_try_advisory_lock(text, text)` would otherwise win for untyped parameters).
- * - Operators are written plainly: they resolve through `search_path`, which the session pins to
- *   `pg_catalog, pg_temp` before any statement of the protocol runs (in the startup packet; for a
- *   custom `connect` function, by {@linkcode SET_UP}, whose own operators are qualified).
+ * - Every function, view, operator and type is schema-qualified (`pg_catalog.`,
+ *   `OPERATOR(pg_catalog.=)`) and every parameter carries an explicit type, so neither overload
+ *   resolution nor `search_path` can pick a user-defined object (a
+ *   `public.pg_try_advisory_lock(text, text)` would otherwise win for untyped parameters). The
+ *   session's `search_path` is left as the role has it, for the user's fenced statements.
  * - Every setting the protocol depends on is pinned per session ({@linkcode sessionSettings}),
  *   in the startup packet where the connector can, which outranks role, database and system
  *   settings and the DSN's own `options`.
@@ -65,8 +64,8 @@ export function sessionSettings(input: SessionSettingsInput): Record<string, str
   const count = Math.max(1, leaseS - idleS);
   return {
     application_name: identity,
-    search_path: "pg_catalog, pg_temp",
-    statement_timeout: "0",
+    // Bounds the user's fenced statements by the lease; the protocol's own are shorter.
+    statement_timeout: `${Math.round(Math.max(leaseMs, 2 * waitWindowMs))}ms`,
     lock_timeout: `${Math.round(waitWindowMs)}ms`,
     idle_session_timeout: "0",
     idle_in_transaction_session_timeout: `${Math.round(leaseMs)}ms`,
@@ -108,8 +107,7 @@ export function ackWindowMs(leaseMs: number): number {
 /**
  * The first statement of every session: applies the settings (`$1`, a JSON object; settings the
  * server does not know are skipped) and reads the server version, the backend pid and whether the
- * server can take writes. Fully qualified, operators included: it may run before `search_path` is
- * pinned (custom `connect` functions).
+ * server can take writes.
  */
 export const SET_UP: Statement = {
   name: "set_up",
@@ -144,19 +142,20 @@ export const TRY_LOCK: Statement = {
        CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
        CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
          THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
-                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
-               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 OPERATOR(pg_catalog.<<) 40)
+               OPERATOR(pg_catalog.|) pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
        END AS token,
        CASE WHEN s.ok THEN EXISTS (
          SELECT 1 FROM pg_catalog.pg_stat_activity a
-          WHERE a.pid <> pg_catalog.pg_backend_pid()
-            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
-                            WHERE d.datname = pg_catalog.current_database())
-            AND a.usename = pg_catalog.session_user()
+          WHERE a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+            AND a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND a.usename OPERATOR(pg_catalog.=) pg_catalog.session_user()
             AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
-                  || $1::pg_catalog.int4::pg_catalog.text || ' '
-                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
-            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+                  OPERATOR(pg_catalog.||) $1::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' '
+                  OPERATOR(pg_catalog.||) $2::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' */')
+            AND a.query_start OPERATOR(pg_catalog.>=)
+                  (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) '50 milliseconds'::pg_catalog.interval))
        END AS handed_over,
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
@@ -165,24 +164,24 @@ export const TRY_LOCK: Statement = {
   FROM (SELECT CASE
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
-             WHERE l.locktype = 'advisory'
-               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                  WHERE d.datname = pg_catalog.current_database())
-               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
         END AS ok) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
-      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-     WHERE NOT s.ok AND l.locktype = 'advisory'
-       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                          WHERE d.datname = pg_catalog.current_database())
-       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-       AND l.objsubid = 2 AND l.granted
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+     WHERE NOT s.ok AND l.locktype OPERATOR(pg_catalog.=) 'advisory'
+       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted
      LIMIT 1) h ON true`,
 };
 
@@ -203,19 +202,20 @@ export const WAIT_LOCK: Statement = {
        CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
        CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
          THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
-                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
-               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 OPERATOR(pg_catalog.<<) 40)
+               OPERATOR(pg_catalog.|) pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
        END AS token,
        CASE WHEN s.ok THEN EXISTS (
          SELECT 1 FROM pg_catalog.pg_stat_activity a
-          WHERE a.pid <> pg_catalog.pg_backend_pid()
-            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
-                            WHERE d.datname = pg_catalog.current_database())
-            AND a.usename = pg_catalog.session_user()
+          WHERE a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+            AND a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND a.usename OPERATOR(pg_catalog.=) pg_catalog.session_user()
             AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
-                  || $1::pg_catalog.int4::pg_catalog.text || ' '
-                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
-            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+                  OPERATOR(pg_catalog.||) $1::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' '
+                  OPERATOR(pg_catalog.||) $2::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' */')
+            AND a.query_start OPERATOR(pg_catalog.>=)
+                  (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) '50 milliseconds'::pg_catalog.interval))
        END AS handed_over,
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
@@ -224,24 +224,24 @@ export const WAIT_LOCK: Statement = {
   FROM (SELECT CASE
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
-             WHERE l.locktype = 'advisory'
-               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                  WHERE d.datname = pg_catalog.current_database())
-               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) IS NOT NULL
         END AS ok) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
-      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-     WHERE NOT s.ok AND l.locktype = 'advisory'
-       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                          WHERE d.datname = pg_catalog.current_database())
-       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-       AND l.objsubid = 2 AND l.granted
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+     WHERE NOT s.ok AND l.locktype OPERATOR(pg_catalog.=) 'advisory'
+       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted
      LIMIT 1) h ON true`,
 };
 
@@ -254,12 +254,12 @@ export const RENEW: Statement = {
   name: "renew",
   text: `SELECT EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
-          WHERE l.locktype = 'advisory'
-            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                               WHERE d.datname = pg_catalog.current_database())
-            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-            AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid()) AS held,
+          WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+            AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease`,
 };
 
@@ -274,21 +274,21 @@ export const UNLOCK: Statement = {
   text: `SELECT s.ok,
        EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
-          WHERE l.locktype = 'advisory'
-            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                               WHERE d.datname = pg_catalog.current_database())
-            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-            AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid()) AS still_held,
+          WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+            AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS still_held,
        pg_catalog.set_config('idle_session_timeout', '0', false) AS lease,
        EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
-          WHERE l.locktype = 'advisory'
-            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                               WHERE d.datname = pg_catalog.current_database())
-            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-            AND l.objsubid = 2 AND l.granted AND l.pid <> pg_catalog.pg_backend_pid())
+          WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+            AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid())
          AS handed_over
   FROM (SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, $2::pg_catalog.int4) AS ok) s`,
 };

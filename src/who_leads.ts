@@ -117,13 +117,13 @@ export const LIST_LOCKS: Statement = {
        l.objid::pg_catalog.int8::pg_catalog.text AS objid, l.objsubid, l.granted, l.pid,
        a.application_name, a.usename, pg_catalog.host(a.client_addr) AS client_addr,
        a.backend_start, pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart' AS waitstart
-  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
- WHERE l.locktype = 'advisory'
-   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                      WHERE d.datname = pg_catalog.current_database())
+  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
    AND ($1::pg_catalog.int4 IS NULL
-        OR (l.classid = $1::pg_catalog.int4::pg_catalog.oid
-            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid AND l.objsubid = 2))
+        OR (l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid AND l.objsubid OPERATOR(pg_catalog.=) 2))
  ORDER BY l.objsubid, l.classid, l.objid, l.granted DESC, 10 NULLS FIRST`,
 };
 

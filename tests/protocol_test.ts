@@ -65,6 +65,15 @@ Deno.test("every function and relation the protocol names is schema-qualified", 
   }
 });
 
+Deno.test("every operator the protocol uses is qualified", () => {
+  for (const { name, text } of STATEMENTS) {
+    const sql = text.replace(/'[^']*'/g, "''").replace(/OPERATOR\(pg_catalog\.[^)]+\)/g, " ")
+      .replace(/::/g, " ").replace(/\$\d+/g, " ");
+    const bare = sql.match(/[=<>|+\-*\/!~#%^&@?]+/g) ?? [];
+    assertEquals(bare, [], `${name} has unqualified operators`);
+  }
+});
+
 Deno.test("every parameter the protocol sends carries an explicit type", () => {
   for (const { name, text } of STATEMENTS) {
     for (const match of text.matchAll(/\$\d+(::[a-z_.0-9]+)?/g)) {

@@ -13,19 +13,20 @@ SELECT s.ok,
        CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
        CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
          THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
-                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
-               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 OPERATOR(pg_catalog.<<) 40)
+               OPERATOR(pg_catalog.|) pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
        END AS token,
        CASE WHEN s.ok THEN EXISTS (
          SELECT 1 FROM pg_catalog.pg_stat_activity a
-          WHERE a.pid <> pg_catalog.pg_backend_pid()
-            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
-                            WHERE d.datname = pg_catalog.current_database())
-            AND a.usename = pg_catalog.session_user()
+          WHERE a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+            AND a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND a.usename OPERATOR(pg_catalog.=) pg_catalog.session_user()
             AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
-                  || $1::pg_catalog.int4::pg_catalog.text || ' '
-                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
-            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+                  OPERATOR(pg_catalog.||) $1::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' '
+                  OPERATOR(pg_catalog.||) $2::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' */')
+            AND a.query_start OPERATOR(pg_catalog.>=)
+                  (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) '50 milliseconds'::pg_catalog.interval))
        END AS handed_over,
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
@@ -34,24 +35,24 @@ SELECT s.ok,
   FROM (SELECT CASE
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
-             WHERE l.locktype = 'advisory'
-               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                  WHERE d.datname = pg_catalog.current_database())
-               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
         END AS ok) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
-      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-     WHERE NOT s.ok AND l.locktype = 'advisory'
-       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                          WHERE d.datname = pg_catalog.current_database())
-       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-       AND l.objsubid = 2 AND l.granted
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+     WHERE NOT s.ok AND l.locktype OPERATOR(pg_catalog.=) 'advisory'
+       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted
      LIMIT 1) h ON true;
 
 -- wait_lock [5001,1,"2000ms"]
@@ -59,19 +60,20 @@ SELECT s.ok,
        CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
        CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
          THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
-                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
-               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 OPERATOR(pg_catalog.<<) 40)
+               OPERATOR(pg_catalog.|) pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
        END AS token,
        CASE WHEN s.ok THEN EXISTS (
          SELECT 1 FROM pg_catalog.pg_stat_activity a
-          WHERE a.pid <> pg_catalog.pg_backend_pid()
-            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
-                            WHERE d.datname = pg_catalog.current_database())
-            AND a.usename = pg_catalog.session_user()
+          WHERE a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+            AND a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND a.usename OPERATOR(pg_catalog.=) pg_catalog.session_user()
             AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
-                  || $1::pg_catalog.int4::pg_catalog.text || ' '
-                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
-            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+                  OPERATOR(pg_catalog.||) $1::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' '
+                  OPERATOR(pg_catalog.||) $2::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' */')
+            AND a.query_start OPERATOR(pg_catalog.>=)
+                  (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) '50 milliseconds'::pg_catalog.interval))
        END AS handed_over,
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
@@ -80,24 +82,24 @@ SELECT s.ok,
   FROM (SELECT CASE
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
-             WHERE l.locktype = 'advisory'
-               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                  WHERE d.datname = pg_catalog.current_database())
-               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) IS NOT NULL
         END AS ok) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
-      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-     WHERE NOT s.ok AND l.locktype = 'advisory'
-       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                          WHERE d.datname = pg_catalog.current_database())
-       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-       AND l.objsubid = 2 AND l.granted
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+     WHERE NOT s.ok AND l.locktype OPERATOR(pg_catalog.=) 'advisory'
+       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted
      LIMIT 1) h ON true;
 
 -- wait_lock [5001,1,"2000ms"]
@@ -105,19 +107,20 @@ SELECT s.ok,
        CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
        CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL
          THEN ((('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(
-                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 << 40)
-               | pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
+                  pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::pg_catalog.int8 OPERATOR(pg_catalog.<<) 40)
+               OPERATOR(pg_catalog.|) pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8)::pg_catalog.text
        END AS token,
        CASE WHEN s.ok THEN EXISTS (
          SELECT 1 FROM pg_catalog.pg_stat_activity a
-          WHERE a.pid <> pg_catalog.pg_backend_pid()
-            AND a.datid = (SELECT d.oid FROM pg_catalog.pg_database d
-                            WHERE d.datname = pg_catalog.current_database())
-            AND a.usename = pg_catalog.session_user()
+          WHERE a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+            AND a.datid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND a.usename OPERATOR(pg_catalog.=) pg_catalog.session_user()
             AND pg_catalog.starts_with(a.query, '/* pgleaderlock release '
-                  || $1::pg_catalog.int4::pg_catalog.text || ' '
-                  || $2::pg_catalog.int4::pg_catalog.text || ' */')
-            AND a.query_start >= pg_catalog.clock_timestamp() - interval '50 milliseconds')
+                  OPERATOR(pg_catalog.||) $1::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' '
+                  OPERATOR(pg_catalog.||) $2::pg_catalog.int4::pg_catalog.text OPERATOR(pg_catalog.||) ' */')
+            AND a.query_start OPERATOR(pg_catalog.>=)
+                  (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) '50 milliseconds'::pg_catalog.interval))
        END AS handed_over,
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
@@ -126,56 +129,56 @@ SELECT s.ok,
   FROM (SELECT CASE
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
-             WHERE l.locktype = 'advisory'
-               AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                  WHERE d.datname = pg_catalog.current_database())
-               AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-               AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-               AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid())
+             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+               AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+               AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+               AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+               AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) IS NOT NULL
         END AS ok) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
-      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-     WHERE NOT s.ok AND l.locktype = 'advisory'
-       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                          WHERE d.datname = pg_catalog.current_database())
-       AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-       AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-       AND l.objsubid = 2 AND l.granted
+      FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+     WHERE NOT s.ok AND l.locktype OPERATOR(pg_catalog.=) 'advisory'
+       AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+       AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+       AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+       AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted
      LIMIT 1) h ON true;
 
 -- renew [5001,1,"15000ms"]
 SELECT EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
-          WHERE l.locktype = 'advisory'
-            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                               WHERE d.datname = pg_catalog.current_database())
-            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-            AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid()) AS held,
+          WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+            AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease;
 
 -- unlock [5001,1]
 /* pgleaderlock release 5001 1 */ SELECT s.ok,
        EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
-          WHERE l.locktype = 'advisory'
-            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                               WHERE d.datname = pg_catalog.current_database())
-            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-            AND l.objsubid = 2 AND l.granted AND l.pid = pg_catalog.pg_backend_pid()) AS still_held,
+          WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+            AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS still_held,
        pg_catalog.set_config('idle_session_timeout', '0', false) AS lease,
        EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
-          WHERE l.locktype = 'advisory'
-            AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                               WHERE d.datname = pg_catalog.current_database())
-            AND l.classid = $1::pg_catalog.int4::pg_catalog.oid
-            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid
-            AND l.objsubid = 2 AND l.granted AND l.pid <> pg_catalog.pg_backend_pid())
+          WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+            AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid())
          AS handed_over
   FROM (SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, $2::pg_catalog.int4) AS ok) s;
 
@@ -184,11 +187,11 @@ SELECT l.classid::pg_catalog.int8::pg_catalog.text AS classid,
        l.objid::pg_catalog.int8::pg_catalog.text AS objid, l.objsubid, l.granted, l.pid,
        a.application_name, a.usename, pg_catalog.host(a.client_addr) AS client_addr,
        a.backend_start, pg_catalog.to_jsonb(l) OPERATOR(pg_catalog.->>) 'waitstart' AS waitstart
-  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
- WHERE l.locktype = 'advisory'
-   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                      WHERE d.datname = pg_catalog.current_database())
+  FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                      WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
    AND ($1::pg_catalog.int4 IS NULL
-        OR (l.classid = $1::pg_catalog.int4::pg_catalog.oid
-            AND l.objid = $2::pg_catalog.int4::pg_catalog.oid AND l.objsubid = 2))
+        OR (l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid AND l.objsubid OPERATOR(pg_catalog.=) 2))
  ORDER BY l.objsubid, l.classid, l.objid, l.granted DESC, 10 NULLS FIRST;
