@@ -80,3 +80,21 @@ export {
   type WhoLeadsOptions,
 } from "./src/who_leads.ts";
 export type { ConnectionOptions } from "./src/connector.ts";
+export {
+  LeaderGroup,
+  type LeaderGroupOptions,
+  type LeaderGroupShutdownOptions,
+  type ShardTerm,
+} from "./src/leader_group.ts";
+export {
+  GroupErrorEvent,
+  GroupRenewedEvent,
+  type LeaderGroupEventMap,
+  MembershipChangeEvent,
+  ShardAcquiredEvent,
+  ShardLostEvent,
+  type ShardLostReason,
+  ShardReleasedEvent,
+  type ShardReleaseReason,
+  ShardTermEndedError,
+} from "./src/group/events.ts";

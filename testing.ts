@@ -62,6 +62,7 @@ export {
   checkServerClean,
   type CheckServerCleanOptions,
   checkTerms,
+  type CheckTermsOptions,
   formatViolations,
   type FreezeInterval,
   parseCandidateLine,
@@ -69,6 +70,7 @@ export {
   type QueryRunner,
   type Term,
   type TermEndSource,
+  type TimeInterval,
   type Violation,
 } from "./src/testing/checker.ts";
 export {
@@ -80,6 +82,7 @@ export {
   formatReport,
   injectFault,
   type InjectFaultOptions,
+  leaderlessBoundMs,
   Member,
   runScenario,
   type RunScenarioOptions,

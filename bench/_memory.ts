@@ -6,7 +6,7 @@
  */
 import { spawnDeno, waitForLine } from "../testing.ts";
 import type { FailoverEnv } from "./_failover.ts";
-import { holds } from "../src/protocol.ts";
+import { LockStatements } from "../src/protocol.ts";
 import type { LockSession } from "../src/session.ts";
 import { round, summarize } from "./_stats.ts";
 
@@ -28,7 +28,7 @@ export interface MemoryProbe {
   /** `lost` events in the probe before it was measured. */
   readonly lost: number;
   /**
-   * Round trip of the leader's ownership check (`holds()` of src/protocol.ts, which reads
+   * Round trip of the leader's ownership check (`LockStatements.renew()` of src/protocol.ts, which reads
    * pg_locks) with these instances' locks held, median of 21 (ms).
    */
   readonly ownershipCheckMs: number | null;
@@ -60,14 +60,15 @@ const PROBE_HEALTH_INTERVAL_MS = 60_000;
 /** Times the library's own ownership check statement on the bench's session. */
 async function timeOwnershipCheck(env: FailoverEnv): Promise<number | null> {
   const session = {
-    query: (text: string, values?: readonly unknown[]) =>
-      env.admin.query(text, [...(values ?? [])]),
+    query: (statement: { text: string }, values?: readonly unknown[]) =>
+      env.admin.query(statement.text, [...(values ?? [])]),
   } as unknown as LockSession;
+  const statements = new LockStatements(7003, 0, 15_000);
   const samples: number[] = [];
   try {
     for (let i = 0; i < 21; i++) {
       const t0 = performance.now();
-      await holds(session, 7003, 0);
+      await statements.renew(session);
       samples.push(performance.now() - t0);
     }
   } catch {

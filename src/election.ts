@@ -424,7 +424,9 @@ export class Election {
   async #becomeLeader(acquisition: Acquisition, sentAt: number, regained: boolean): Promise<Phase> {
     this.#pollSeries.reset();
     this.#lastHolder = undefined;
-    this.#lease.grant(sentAt, ackWindowMs(this.#config.leaseMs));
+    // The window runs on the server from the end of the grant statement; a grant after a long
+    // wait in the queue would otherwise start with an expired window.
+    this.#lease.grant(sentAt + acquisition.waitedMs, ackWindowMs(this.#config.leaseMs));
     this.#acknowledged = false;
     this.#lastCheckSentAt = -Infinity;
     this.#lastCheckRttMs = undefined;

@@ -311,6 +311,10 @@ export async function assertSessionPinned(
     case "unknown": {
       if (signal?.aborted) throw signal.reason;
       const code = sqlStateOf(verdict.error);
+      // The probe reached a PostgreSQL server with no free connection slot (a pooler would queue
+      // the probe instead): nothing suggests pooling, and a full server must not keep a candidate
+      // that holds a slot from competing.
+      if (verdict.step === CONNECT_STEP && code === "53300") return;
       throw new ConnectionError(
         `Cannot verify that ${target} keeps this session on one server connection (${suspicion}): ` +
           `${verdict.step} failed: ${errorText(verdict.error)}${

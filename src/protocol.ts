@@ -160,6 +160,10 @@ export const TRY_LOCK: Statement = {
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
        END AS lease,
+       CASE WHEN s.ok THEN pg_catalog.date_part('epoch',
+              pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
+            OPERATOR(pg_catalog.*) 1000
+       END AS waited_ms,
        h.pid AS holder_pid, h.application_name AS holder_identity
   FROM (SELECT CASE
           WHEN EXISTS (
@@ -220,6 +224,10 @@ export const WAIT_LOCK: Statement = {
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
        END AS lease,
+       CASE WHEN s.ok THEN pg_catalog.date_part('epoch',
+              pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
+            OPERATOR(pg_catalog.*) 1000
+       END AS waited_ms,
        h.pid AS holder_pid, h.application_name AS holder_identity
   FROM (SELECT CASE
           WHEN EXISTS (
@@ -348,6 +356,12 @@ export interface Acquisition {
   readonly holder: Holder | undefined;
   /** When held: whether the previous holder, of this role, released it on purpose just before. */
   readonly handedOver: boolean;
+  /**
+   * When held: how long the statement ran on the server before the grant (0 for an immediate
+   * grant). The send time plus this is never later than the grant, whatever the network delay:
+   * the client counts the grant's window from there.
+   */
+  readonly waitedMs: number;
 }
 
 /** The outcome of {@linkcode LockStatements.unlock}. */
@@ -443,6 +457,7 @@ export class LockStatements {
         ? { pid, identity: typeof identity === "string" ? identity : undefined }
         : undefined,
       handedOver: held && row?.handed_over === true,
+      waitedMs: Math.max(0, Number(row?.waited_ms ?? 0) || 0),
     };
   }
 

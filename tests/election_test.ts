@@ -302,7 +302,6 @@ Deno.test("a step-down requested from the statechange listener fires acquired fi
   const session = new FakeSession(soleHolder());
   let now = 1000;
   const seen: string[] = [];
-  let election!: Election;
   const config = testConfig({
     healthIntervalMs: 100_000,
     leaseMs: 300_000,
@@ -310,7 +309,7 @@ Deno.test("a step-down requested from the statechange listener fires acquired fi
   });
   let termSignal: AbortSignal | undefined;
   let leaderDuringAcquired: boolean | undefined;
-  election = new Election(config, (event) => {
+  const election: Election = new Election(config, (event) => {
     seen.push(describeEvent(event));
     if (event instanceof StateChangeEvent && event.to === "leader") {
       election.stepDown(1000).catch(() => {});
@@ -334,10 +333,9 @@ Deno.test("a step-down requested from the statechange listener fires acquired fi
 Deno.test("a term's signal aborts with a LeadershipEndedError when the session is lost", async () => {
   const session = new FakeSession(soleHolder());
   const { election, events } = harness(session, { healthIntervalMs: 100_000, leaseMs: 300_000 });
-  let signal: AbortSignal | undefined;
   const running = election.run();
   await until(() => election.isLeader);
-  signal = election.termSignal;
+  const signal = election.termSignal;
   assert(signal && !signal.aborted);
   session.kill(new Error("terminating connection due to administrator command"));
   await until(() => signal!.aborted);

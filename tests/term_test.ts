@@ -59,6 +59,30 @@ Deno.test("a term scopes the work that runs while leading", async (t) => {
     }
   });
 
+  await t.step("a follower granted late in a long wait window keeps its term", async () => {
+    const keys = freshKeys();
+    // Grant window = a third of the lease = 1 s; the follower waits 1.5 s in its window first.
+    const options = { healthIntervalMs: 1000, leaseMs: 3000, waitWindowMs: 2500 };
+    const a = new LeaderLock(fastOptions(pg, keys, { ...options, autoReacquire: false }));
+    const b = new LeaderLock(fastOptions(pg, keys, options));
+    const lost: string[] = [];
+    b.addEventListener("lost", (e) => lost.push(e.reason));
+    try {
+      await a.start();
+      assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+      await b.start();
+      await until(() => b.state === "acquiring");
+      await new Promise((r) => setTimeout(r, 1500));
+      await a.stepDown({ drainMs: 0 });
+      assert(await b.waitForLeadership({ timeoutMs: 5000 }));
+      await new Promise((r) => setTimeout(r, 1500)); // past the grant window and a health check
+      assertEquals(lost, []);
+      assert(b.isLeader, "b still leads");
+    } finally {
+      await shutdownAll([a, b]);
+    }
+  });
+
   await t.step("stepDown() aborts the signal first, drains the work, then unlocks", async () => {
     const keys = freshKeys();
     const a = new LeaderLock(fastOptions(pg, keys, { autoReacquire: false }));

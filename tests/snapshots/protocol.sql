@@ -31,6 +31,10 @@ SELECT s.ok,
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
        END AS lease,
+       CASE WHEN s.ok THEN pg_catalog.date_part('epoch',
+              pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
+            OPERATOR(pg_catalog.*) 1000
+       END AS waited_ms,
        h.pid AS holder_pid, h.application_name AS holder_identity
   FROM (SELECT CASE
           WHEN EXISTS (
@@ -78,6 +82,10 @@ SELECT s.ok,
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
        END AS lease,
+       CASE WHEN s.ok THEN pg_catalog.date_part('epoch',
+              pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
+            OPERATOR(pg_catalog.*) 1000
+       END AS waited_ms,
        h.pid AS holder_pid, h.application_name AS holder_identity
   FROM (SELECT CASE
           WHEN EXISTS (
@@ -125,6 +133,10 @@ SELECT s.ok,
        CASE WHEN s.ok
          THEN pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false)
        END AS lease,
+       CASE WHEN s.ok THEN pg_catalog.date_part('epoch',
+              pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
+            OPERATOR(pg_catalog.*) 1000
+       END AS waited_ms,
        h.pid AS holder_pid, h.application_name AS holder_identity
   FROM (SELECT CASE
           WHEN EXISTS (
