@@ -31,6 +31,7 @@ export {
   type LeaderLockTelemetryOptions,
   type LeadOptions,
   type ShutdownOptions,
+  type StepDownOptions,
   type WaitForLeadershipOptions,
 } from "./src/leader_lock.ts";
 export type { Term, TermTransaction } from "./src/term.ts";

@@ -12,6 +12,7 @@
  *
  * @module
  */
+import { withResolvers } from "./_compat.ts";
 import { ABORTED, DeadlineError, sleep, untilAborted, withDeadline } from "./_async.ts";
 import { RetrySeries } from "./_retry_series.ts";
 import {
@@ -107,7 +108,7 @@ export class Election {
   readonly #statements: LockStatements;
   readonly #lease: Lease;
   readonly #stop = new AbortController();
-  readonly #ready = Promise.withResolvers<void>();
+  readonly #ready = withResolvers<void>();
   readonly #connectSeries: RetrySeries;
   readonly #pollSeries: RetrySeries;
   readonly #queue: Event[] = [];
@@ -135,6 +136,8 @@ export class Election {
   #sessionQueue: Promise<void> = Promise.resolve();
   /** How long the release waits for {@linkcode work} (set by the stop or step-down request). */
   #drainMs = 0;
+  /** How long a step-down stays out of the lock queue after its unlock. */
+  #yieldMs = 0;
   /** The lease deadline when the claim ended: the release's drain must end before it. */
   #claimDeadline = -Infinity;
   /**
@@ -263,14 +266,16 @@ export class Election {
    *
    * @param timeoutMs When it passes, the socket is closed anyway and this rejects.
    * @param drainMs How long to wait for {@linkcode work} to return before unlocking.
+   * @param yieldMs How long to stay out of the queue after the unlock (autoReacquire).
    * @returns Settles when the lock was released, or at once when not leader.
    * @throws {LockError} When the unlock found the lock not held.
    * @throws {ShutdownError} When `timeoutMs` passed first.
    */
-  async stepDown(timeoutMs: number, drainMs = 0): Promise<void> {
+  async stepDown(timeoutMs: number, drainMs = 0, yieldMs = 0): Promise<void> {
     if (this.#state !== "leader") return;
     this.#drainMs = drainMs;
-    this.#stepDown ??= Promise.withResolvers<void>();
+    this.#yieldMs = yieldMs;
+    this.#stepDown ??= withResolvers<void>();
     const released = this.#stepDown.promise;
     this.#stopClaiming();
     this.#stepDownRequested.abort();
@@ -564,7 +569,15 @@ export class Election {
       return DONE;
     }
     // Back into the queue behind any waiting follower, never a try-lock first: a try-lock right
-    // after the unlock can win the lock back from a follower between two wait windows.
+    // after the unlock can win the lock back from a follower between two wait windows. First stay
+    // out for yieldMs, so that a follower that is connecting or between two statements takes the
+    // free lock instead of this session taking it straight back.
+    if (this.#yieldMs > 0) {
+      this.#setState("follower");
+      await sleep(this.#yieldMs, [this.#stop.signal, this.#sessionLost]);
+      if (this.#stopping) return DONE;
+      this.#throwIfLost();
+    }
     return { kind: "acquire", queueOnly: true, marked: true };
   }
 
@@ -703,7 +716,7 @@ export class Election {
   /** Runs `fn` alone on the session: the protocol's statements and user statements take turns. */
   async #exclusive<T>(fn: () => Promise<T>): Promise<T> {
     const previous = this.#sessionQueue;
-    const turn = Promise.withResolvers<void>();
+    const turn = withResolvers<void>();
     this.#sessionQueue = turn.promise;
     await previous;
     try {

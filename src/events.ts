@@ -4,6 +4,7 @@
  * @module
  */
 import type { PgLeaderLockError } from "./errors.ts";
+import { ErrorEventBase } from "./_compat.ts";
 import type { LockState } from "./state.ts";
 import type { Term } from "./term.ts";
 
@@ -169,7 +170,7 @@ export class StateChangeEvent extends Event {
  * exhausted, a configuration that cannot work). Never thrown. An `ErrorEvent`, so that generic
  * error handlers read its `message`.
  */
-export class LeaderLockErrorEvent extends ErrorEvent {
+export class LeaderLockErrorEvent extends ErrorEventBase {
   /** The error: always a PgLeaderLockError (anything from below is its `cause`). */
   override readonly error: PgLeaderLockError;
   /** When the lock retries after this failure, in ms from now; `undefined` when it does not. */

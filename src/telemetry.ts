@@ -129,7 +129,8 @@ const METRICS = {
     name: "pgleaderlock_info",
     instrument: "gauge",
     unit: "",
-    description: "The lock this process competes for, and its identity (always 1).",
+    description:
+      "The lock this process competes for (its name when named), and its identity (always 1).",
     attributes: {},
   },
   leader: {

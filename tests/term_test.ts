@@ -83,6 +83,26 @@ Deno.test("a term scopes the work that runs while leading", async (t) => {
     }
   });
 
+  await t.step(
+    "a step-down while the only follower is still connecting hands the lock over",
+    async () => {
+      const keys = freshKeys();
+      const a = new LeaderLock(fastOptions(pg, keys));
+      const b = new LeaderLock(fastOptions(pg, keys));
+      try {
+        await a.start();
+        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+        const starting = b.start(); // connecting while a steps down
+        await a.stepDown();
+        await starting;
+        assert(await b.waitForLeadership({ timeoutMs: 3000 }), "b leads after a's step-down");
+        assertEquals(a.isLeader, false);
+      } finally {
+        await shutdownAll([a, b]);
+      }
+    },
+  );
+
   await t.step("stepDown() aborts the signal first, drains the work, then unlocks", async () => {
     const keys = freshKeys();
     const a = new LeaderLock(fastOptions(pg, keys, { autoReacquire: false }));

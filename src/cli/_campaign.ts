@@ -1,10 +1,11 @@
 /**
  * What `run` and `exec` share around their LeaderLock: creating it from the flags, logging its
- * events, the `--http` endpoints, and stopping on SIGINT/SIGTERM.
+ * events, the `--http` endpoints, running the subcommand's work once per term through
+ * `LeaderLock.lead()`, and stopping on SIGINT/SIGTERM.
  *
  * @module
  */
-import { LeaderLock, type LeaderLockOptions } from "../../mod.ts";
+import { LeaderLock, type LeaderLockOptions, type Term } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
 import { type HttpEndpoints, serveEndpoints } from "./_http.ts";
 import { type LockSettings, LoggedRetry, logLockEvents } from "./_lock_flags.ts";
@@ -23,6 +24,13 @@ export interface CampaignOptions {
   readonly overrides?: Partial<LeaderLockOptions>;
   /** More metric families for `/metrics`. @default none */
   readonly metrics?: () => MetricFamily[];
+  /**
+   * When the campaign stops while leading: how long the lock waits for the term's work to return
+   * (after the term's signal aborted) before it unlocks (`ShutdownOptions.drainMs`).
+   *
+   * @default {0}
+   */
+  readonly drainMs?: number;
 }
 
 /** The session holding the lock, as a follower last saw it (or this process, while leading). */
@@ -39,10 +47,16 @@ export interface HolderInfo {
 export class Campaign implements AsyncDisposable {
   /** The lock. */
   readonly lock: LeaderLock;
-  /** Aborting it shuts the lock down (releasing the lock if held). */
+  /**
+   * Aborting it shuts the lock down: the term's signal aborts, the lock waits up to `drainMs` for
+   * the term's work to return, then unlocks.
+   */
   readonly controller: AbortController = new AbortController();
-  /** Resolves when the lock reaches state `stopped` after it started. */
-  readonly stopped: Promise<void>;
+  /**
+   * Settles once `LeaderLock.lead()` has returned: the lock stopped and the last term's work
+   * returned. Never rejects (a fatal error is an `error` event, in {@linkcode lastError}).
+   */
+  leading: Promise<void> = Promise.resolve();
   /** The last error event, if any. */
   lastError: unknown = undefined;
   /** The last `lost` event's reason, if any. */
@@ -53,6 +67,7 @@ export class Campaign implements AsyncDisposable {
   readonly name: string | undefined;
   readonly #logger: Logger;
   readonly #settings: LockSettings;
+  readonly #drainMs: number;
   #http: HttpEndpoints | undefined;
   #started = false;
   #led = false;
@@ -60,9 +75,10 @@ export class Campaign implements AsyncDisposable {
   #holder: HolderInfo | undefined;
 
   private constructor(options: CampaignOptions) {
-    const { command, settings, logger, overrides = {} } = options;
+    const { command, settings, logger, overrides = {}, drainMs = 0 } = options;
     this.#logger = logger;
     this.#settings = settings;
+    this.#drainMs = drainMs;
     this.name = settings.name;
     const { retryStrategy } = settings.options;
     const retry = retryStrategy === undefined ? undefined : new LoggedRetry(retryStrategy, logger);
@@ -71,7 +87,6 @@ export class Campaign implements AsyncDisposable {
         ...settings.options,
         ...(retry !== undefined ? { retryStrategy: retry } : {}),
         ...overrides,
-        signal: this.controller.signal,
       });
     } catch (error) {
       if (error instanceof TypeError || error instanceof RangeError) {
@@ -99,11 +114,11 @@ export class Campaign implements AsyncDisposable {
     this.lock.addEventListener("leaderchange", (e) => {
       this.#holder = { pid: e.pid, identity: e.identity, seenSince: new Date() };
     });
-    this.stopped = new Promise<void>((resolve) => {
-      this.lock.addEventListener("statechange", (e) => {
-        if (e.to === "stopped" && this.#started) resolve();
-      });
-    });
+    // Not the lock's own `signal` option: that would shut down without the drain.
+    this.controller.signal.addEventListener("abort", () => {
+      // close() awaits and reports the same shutdown.
+      this.#shutdown().catch(() => {});
+    }, { once: true });
   }
 
   /**
@@ -167,13 +182,20 @@ export class Campaign implements AsyncDisposable {
   }
 
   /**
-   * Starts competing, and with `--timeout` arms it: when this process has not led by then, the
-   * campaign logs `timeout`, sets {@linkcode timedOut} and stops. Errors are logged, not thrown.
+   * Starts competing and runs `work` once per term through `LeaderLock.lead()` (never two at once;
+   * `term.signal` aborts the moment the term ends), until the campaign stops: see
+   * {@linkcode leading}. With `--timeout` it arms the timeout: when this process has not led by
+   * then, the campaign logs `timeout`, sets {@linkcode timedOut} and stops. Errors are logged, not
+   * thrown. Does nothing once the campaign was stopped.
    *
+   * @param work The work of one term. It must not await a step-down or shutdown of the lock: those
+   * wait for the work to return (up to `drainMs`).
    * @returns `true` once the first session is open (or the campaign was stopped meanwhile);
    * `false` when the lock could not connect.
    */
-  async start(): Promise<boolean> {
+  async start(work: (term: Term) => unknown): Promise<boolean> {
+    // A stopped campaign stays stopped: lead() would start the lock afresh.
+    if (this.controller.signal.aborted) return true;
     this.#started = true;
     const { timeoutMs } = this.#settings;
     if (timeoutMs !== undefined && !this.#led) {
@@ -190,6 +212,8 @@ export class Campaign implements AsyncDisposable {
         this.controller.abort();
       }, timeoutMs);
     }
+    // lead() starts the lock; start() below returns the same first connection.
+    this.leading = this.lock.lead(work).catch(() => {});
     try {
       await this.lock.start();
       this.#logger.event("connected", { backendPid: this.lock.backendPid });
@@ -205,19 +229,24 @@ export class Campaign implements AsyncDisposable {
   }
 
   /**
-   * Shuts the lock down (releasing it if held) and closes the endpoints. Safe to call twice.
+   * Shuts the lock down (draining the term's work and releasing the lock if held) and closes the
+   * endpoints. Safe to call twice.
    *
-   * @param timeoutMs How long to wait for the release.
+   * @param timeoutMs How long to wait for the release, drain included.
    */
   async close(timeoutMs = 10_000): Promise<void> {
     clearTimeout(this.#timeout);
     this.controller.abort();
     try {
-      await this.lock.shutdown({ timeoutMs });
+      await this.#shutdown(timeoutMs);
     } catch (error) {
       this.#logger.event("error", { message: errorMessage(error) });
     }
     await this.#http?.close();
+  }
+
+  #shutdown(timeoutMs = 10_000): Promise<void> {
+    return this.lock.shutdown({ timeoutMs, drainMs: Math.min(this.#drainMs, timeoutMs) });
   }
 
   /** Calls {@linkcode close}. */

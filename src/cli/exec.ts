@@ -23,6 +23,11 @@
  *   dies it SIGKILLs the group at once. On Linux the command also runs under
  *   `setpriv --pdeathsig SIGKILL` (util-linux), so the kernel kills it when `exec` dies.
  *
+ * One mechanism starts and stops the command: `LeaderLock.lead()` runs one term's work at a time,
+ * which starts the command and sends SIGTERM to its group the moment `term.signal` aborts. A
+ * step-down or shutdown aborts that signal first and then waits (`drainMs`: twice the kill grace
+ * and a second) for the work to return, once the command is dead, before it unlocks.
+ *
  * What no process-level measure can cover: a leader cut off from the server whose session is
  * terminated on the server side keeps its command running until its lease runs out. Pass the
  * fencing token (`PGLEADERLOCK_TOKEN`) to what the command writes to.
@@ -37,10 +42,10 @@
  * @module
  */
 import { parseDsn } from "../dsn.ts";
-import type { LeaderLock } from "../../mod.ts";
+import type { LeaderLock, Term } from "../../mod.ts";
 import { leaseMarginMs } from "../lease.ts";
 import { parseArgs, seconds, UsageError } from "./_args.ts";
-import { Campaign, onSignals, STOP_SIGNALS } from "./_campaign.ts";
+import { Campaign, onSignals, sleep, STOP_SIGNALS } from "./_campaign.ts";
 import { EXIT_TIMEOUT, LOCK_FLAGS, LOCK_FLAGS_HELP, lockSettings } from "./_lock_flags.ts";
 import type { MetricFamily } from "./_metrics.ts";
 import { type CliIo, errorMessage, Logger } from "./_output.ts";
@@ -51,8 +56,14 @@ import { hasPdeathsig, withPdeathsig } from "./_pdeathsig.ts";
 
 /** How much longer than the kill grace a new leader waits before starting its command. */
 export const SETTLE_SLACK_MS = 200;
-/** How often `exec` checks its lease and tells the watchdog the deadline. */
+/** How often `exec` tells the watchdog the lease deadline. */
 const HEARTBEAT_MS = 100;
+/**
+ * What the drain of a step-down or shutdown allows beyond twice the kill grace (the command's
+ * SIGTERM-to-SIGKILL, then the same for what it left in its group): reaping and the watchdog's
+ * release. The lock waits that long at most for the command to be gone before it unlocks.
+ */
+const DRAIN_SLACK_MS = 1000;
 /**
  * Signals forwarded to the command besides the stopping ones. Not SIGUSR1: since 2.9.2 Deno opens
  * its inspector on 127.0.0.1:9229 when it gets one, listener or not.
@@ -119,10 +130,15 @@ Example:
   pgleaderlock exec --name scheduler --restart -- ./scheduler --token-from-env
 `;
 
-/** How one run of the command ended, and how long it ran (ms). */
+/**
+ * How one run of the command ended, and how long it ran (ms): it exited on its own while the term
+ * lasted, was stopped because the term ended (or by the watchdog), never started because the
+ * term ended first, or could not be started at all.
+ */
 type Outcome =
   | { readonly kind: "exited"; readonly status: number; readonly ranMs: number }
   | { readonly kind: "lost"; readonly status: number; readonly ranMs: number }
+  | { readonly kind: "not-started"; readonly status: number; readonly ranMs: number }
   | { readonly kind: "failed"; readonly status: number; readonly ranMs: number };
 
 /** The command's environment: exec's own, without the password unless `--pass-dsn`. */
@@ -179,27 +195,6 @@ function readableEnvironment(): Record<string, string> {
   } catch {
     return {};
   }
-}
-
-/** Resolves after `ms` while `lock` leads: `true` when it still leads, `false` when it stopped. */
-function whileLeading(lock: LeaderLock, ms: number, signal: AbortSignal): Promise<boolean> {
-  if (ms <= 0 || !lock.isLeader || signal.aborted) {
-    return Promise.resolve(lock.isLeader && !signal.aborted);
-  }
-  return new Promise((resolve) => {
-    const finish = () => {
-      clearTimeout(timer);
-      lock.removeEventListener("statechange", onState);
-      signal.removeEventListener("abort", finish);
-      resolve(lock.isLeader && !signal.aborted);
-    };
-    const onState = () => {
-      if (!lock.isLeader) finish();
-    };
-    const timer = setTimeout(finish, ms);
-    lock.addEventListener("statechange", onState);
-    signal.addEventListener("abort", finish, { once: true });
-  });
 }
 
 /**
@@ -325,12 +320,16 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     name: settings.name,
   });
 
+  // The lock waits this long for the command to be gone before it unlocks on a step-down or a
+  // shutdown; never longer than the lease, which outlasts it (kill-grace < lease / 10).
+  const drainMs = 2 * killGraceMs + DRAIN_SLACK_MS;
   const campaign = Campaign.create({
     command: "exec",
     settings,
     logger,
     overrides: { settleMs: killGraceMs + SETTLE_SLACK_MS },
     metrics: () => supervisor.metrics(),
+    drainMs,
   }, {
     killGrace: killGraceMs / 1000,
     restart,
@@ -354,33 +353,29 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     }
   });
 
-  if (!(await campaign.start())) {
-    await campaign.close();
-    return 1;
-  }
   await supervisor.probe();
+  /** The exit status once exec has decided to stop; `undefined` until then (or without one). */
   let status: number | undefined;
+  let finished = false;
+  /** Stops the campaign: the lock unlocks once this term's work has returned. */
+  const finish = (exitStatus: number | undefined) => {
+    finished = true;
+    status = exitStatus;
+    campaign.controller.abort();
+  };
   // --restart: consecutive short runs, and when the next run may start at the earliest.
   let shortRuns = 0;
   let notBefore = 0;
-  for (;;) {
-    const token = await nextTerm(campaign);
-    if (token === undefined || stopRequested) break;
+  /** One term: run the command until it exits or the term ends, then decide what comes next. */
+  const work = async (term: Term): Promise<void> => {
+    if (finished || stopRequested) return;
     const wait = notBefore - performance.now();
-    if (wait > 0 && !(await whileLeading(lock, wait, campaign.controller.signal))) continue;
-    const outcome = await supervisor.run(lock, lock.fencingToken ?? token);
-    if (outcome.kind === "failed") {
-      status = outcome.status;
-      break;
-    }
-    if (stopRequested || (!restart && outcome.kind === "exited")) {
-      status = outcome.status;
-      break;
-    }
-    if (!restart) {
-      status = EXIT_LOST;
-      break;
-    }
+    if (wait > 0) await sleep(wait, term.signal);
+    if (term.signal.aborted) return; // the next term tries again
+    const outcome = await supervisor.run(lock, term);
+    if (outcome.kind === "failed") return finish(outcome.status);
+    if (stopRequested) return finish(outcome.kind === "not-started" ? undefined : outcome.status);
+    if (!restart) return finish(outcome.kind === "exited" ? outcome.status : EXIT_LOST);
     // --restart: back off exponentially between reruns, and let a waiting follower have a turn
     // meanwhile. A run as long as the longest delay counts as healthy and resets the backoff.
     if (outcome.kind === "exited") {
@@ -395,15 +390,23 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
         at: new Date(Date.now() + delay),
       });
     }
-    if (lock.isLeader && !stopRequested) {
+    if (!term.signal.aborted) {
       logger.event("stepdown", {
         reason: outcome.kind === "exited" ? "command exited" : "watchdog",
       });
-      await lock.stepDown().catch((error) =>
+      // Not awaited: the step-down drains this work, which returns right away (the command is
+      // gone). A new term runs `work` again once this one has returned.
+      lock.stepDown({ drainMs }).catch((error) =>
         logger.event("error", { message: errorMessage(error) })
       );
     }
+  };
+
+  if (!(await campaign.start(work))) {
+    await campaign.close();
+    return 1;
   }
+  await campaign.leading;
   await campaign.close();
   logger.event("stopped", { status });
   if (status !== undefined) return status;
@@ -411,33 +414,6 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
   if (campaign.timedOut) return EXIT_TIMEOUT;
   if (campaign.lastLost !== undefined && !settings.options.autoReacquire) return EXIT_LOST;
   return 1;
-}
-
-/** Resolves with the token once this process leads, or `undefined` once the lock stops. */
-function nextTerm(campaign: Campaign): Promise<bigint | undefined> {
-  const { lock } = campaign;
-  if (lock.isLeader) return Promise.resolve(lock.fencingToken);
-  if (lock.state === "stopped" || campaign.controller.signal.aborted) {
-    return Promise.resolve(undefined);
-  }
-  return new Promise((resolve) => {
-    const finish = (token: bigint | undefined) => {
-      lock.removeEventListener("acquired", onAcquired);
-      lock.removeEventListener("statechange", onState);
-      campaign.controller.signal.removeEventListener("abort", onAbort);
-      resolve(token);
-    };
-    const onAcquired = () => {
-      if (lock.isLeader) finish(lock.fencingToken);
-    };
-    const onState = (e: { to: string }) => {
-      if (e.to === "stopped") finish(undefined);
-    };
-    const onAbort = () => finish(undefined);
-    lock.addEventListener("acquired", onAcquired);
-    lock.addEventListener("statechange", onState);
-    campaign.controller.signal.addEventListener("abort", onAbort, { once: true });
-  });
 }
 
 function delay(ms: number): Promise<void> {
@@ -514,8 +490,16 @@ class Supervisor {
     ];
   }
 
-  /** Runs the command for the term with `token` until it exits or leadership ends. */
-  async run(lock: LeaderLock, token: bigint): Promise<Outcome> {
+  /**
+   * Runs the command for `term` until it exits; the moment `term.signal` aborts, its group gets
+   * SIGTERM, then SIGKILL after the kill grace. Returns once the command (and what it left in its
+   * group) is gone.
+   *
+   * @param lock The lock, for its keys, identity and lease.
+   * @param term The term the command runs for.
+   * @returns How the run ended.
+   */
+  async run(lock: LeaderLock, term: Term): Promise<Outcome> {
     const { command, killGraceMs, logger, env, name } = this.#options;
     let watchdog: WatchdogClient;
     try {
@@ -524,9 +508,9 @@ class Supervisor {
       logger.event("error", { message: `cannot start the watchdog: ${errorMessage(error)}` });
       return { kind: "failed", status: 1, ranMs: 0 };
     }
-    if (!lock.isLeader) {
+    if (term.signal.aborted) {
       await watchdog.release();
-      return { kind: "lost", status: EXIT_LOST, ranMs: 0 };
+      return { kind: "not-started", status: EXIT_LOST, ranMs: 0 };
     }
     const [program, ...args] = command as [string, ...string[]];
     let child: Deno.ChildProcess;
@@ -537,7 +521,7 @@ class Supervisor {
         ...(env !== undefined ? { clearEnv: true } : {}),
         env: {
           ...env,
-          PGLEADERLOCK_TOKEN: String(token),
+          PGLEADERLOCK_TOKEN: String(term.fencingToken),
           PGLEADERLOCK_KEY1: String(lock.key1),
           PGLEADERLOCK_KEY2: String(lock.key2),
           PGLEADERLOCK_IDENTITY: lock.identity,
@@ -561,7 +545,7 @@ class Supervisor {
     this.#starts++;
     // The watchdog kills the group when the lease runs out, as exec itself would on `lost`.
     await watchdog.guard(pid, lock.leaseRemainingMs);
-    logger.event("command-start", { pid, token, command: program });
+    logger.event("command-start", { pid, token: term.fencingToken, command: program });
 
     let ending: string | undefined;
     let killTimer: ReturnType<typeof setTimeout> | undefined;
@@ -579,14 +563,14 @@ class Supervisor {
         if (signalGroup(pid, "SIGKILL")) logger.event("command-kill", { pid, signal: "SIGKILL" });
       }, killGraceMs);
     };
+    // The term's end stops the command. The heartbeat only moves the watchdog's deadline with
+    // the lease: the last one sent stays in force once the term is over.
+    const onEnded = () => terminate("leadership ended");
+    term.signal.addEventListener("abort", onEnded, { once: true });
+    if (term.signal.aborted) onEnded();
     const heartbeat = setInterval(() => {
-      if (!lock.isLeader) terminate("leadership ended");
-      else watchdog.deadline(lock.leaseRemainingMs);
+      if (!term.signal.aborted) watchdog.deadline(lock.leaseRemainingMs);
     }, HEARTBEAT_MS);
-    const onState = (e: { from: string }) => {
-      if (e.from === "leader") terminate("leadership ended");
-    };
-    lock.addEventListener("statechange", onState);
     watchdog.fired.then((reason) => {
       ending ??= `watchdog: ${reason}`;
       logger.event("watchdog-fired", { pid, reason });
@@ -600,7 +584,7 @@ class Supervisor {
     this.#group = undefined;
     clearInterval(heartbeat);
     clearTimeout(killTimer);
-    lock.removeEventListener("statechange", onState);
+    term.signal.removeEventListener("abort", onEnded);
     logger.event("command-exit", {
       pid,
       code: status.code,
@@ -612,7 +596,7 @@ class Supervisor {
       signalGroup(pid, "SIGKILL");
     }
     await watchdog.release();
-    if (ending === undefined && !lock.isLeader) ending = "leadership ended";
+    if (ending === undefined && term.signal.aborted) ending = "leadership ended";
     return { kind: ending === undefined ? "exited" : "lost", status: status.code, ranMs };
   }
 }

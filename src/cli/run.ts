@@ -1,6 +1,7 @@
 /**
  * `pgleaderlock run`: competes for the lock and logs every transition and event until SIGINT or
- * SIGTERM, which release the lock and exit 0.
+ * SIGTERM, which release the lock and exit 0. It leads through `LeaderLock.lead()`: its work of
+ * one term is to hold it until `term.signal` aborts.
  *
  * @module
  */
@@ -74,10 +75,9 @@ export async function runCommand(args: readonly string[], io: CliIo): Promise<nu
     campaign.controller.abort();
   });
 
-  const connected = await campaign.start();
-  if (connected) {
-    await Promise.race([campaign.stopped, forcedStop, aborted(campaign.controller.signal)]);
-  }
+  // Each term lasts until its signal aborts; the events are logged by the campaign's listeners.
+  const connected = await campaign.start((term) => aborted(term.signal));
+  if (connected) await Promise.race([campaign.leading, forcedStop]);
   await Promise.race([campaign.close(), forcedStop.then(() => campaign.close(0))]);
   logger.event("stopped", {});
   if (signalled) return 0;
