@@ -23,7 +23,7 @@ import { ConnectionError, LockError, PgLeaderLockError } from "../errors.ts";
 import { Lease } from "../lease.ts";
 import type { RetryStrategy } from "../retry.ts";
 import type { LockSession, SessionConnector } from "../session.ts";
-import { DeadlineError, sleep, withDeadline } from "./_async.ts";
+import { DeadlineError, sleep, withDeadline } from "../_async.ts";
 import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError } from "./events.ts";
