@@ -228,6 +228,40 @@ Deno.test("a term scopes the work that runs while leading", async (t) => {
     }
   });
 
+  await t.step(
+    "a user statement longer than the health interval neither loses nor hides the lock",
+    async () => {
+      const keys = freshKeys();
+      const lock = new LeaderLock(fastOptions(pg, keys, { autoReacquire: false }));
+      const lost: string[] = [];
+      lock.addEventListener("lost", (e) => lost.push(e.reason));
+      try {
+        await lock.start();
+        assert(await lock.waitForLeadership({ timeoutMs: 5000 }));
+        const term = lock.term!;
+        // 600 ms: three health intervals, within the 1 s lease; the checks wait their turn.
+        await term.query("SELECT pg_catalog.pg_sleep(0.6)");
+        await new Promise((r) => setTimeout(r, 300));
+        assertEquals(lost, []);
+        assert(lock.isLeader && !term.signal.aborted, "still leading after the long statement");
+        // A session killed under a long statement ends the term at once, not after the statement.
+        const long = term.query("SELECT pg_catalog.pg_sleep(5)").then(
+          () => "answered",
+          () => "failed",
+        );
+        await new Promise((r) => setTimeout(r, 100));
+        const t0 = performance.now();
+        await pg.terminateBackend(lock.backendPid);
+        await until(() => term.signal.aborted, 2000, "the term to end");
+        assert(performance.now() - t0 < 500, "the term ended promptly");
+        assertEquals(await long, "failed");
+        assertEquals(lost, ["session-ended"]);
+      } finally {
+        await lock.shutdown();
+      }
+    },
+  );
+
   await t.step("a fenced write from a paused leader fails after it resumes", async () => {
     const keys = freshKeys();
     await pg.query("CREATE TABLE IF NOT EXISTS fenced (token text, at timestamptz)");
