@@ -381,3 +381,88 @@ Deno.test("exec --timeout gives up with exit 124 without running the command", a
   a.kill("SIGTERM");
   equal((await a.status).code, 143);
 });
+
+Deno.test("exec --restart runs the command again in a term regained after a reconnect, never two at once", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  const file = await Deno.makeTempFile({ prefix: "pgleaderlock-regain-" });
+  await using a = cli([
+    "exec",
+    "--json",
+    "--restart",
+    ...keys.args,
+    ...FAST,
+    "--reconnect-grace",
+    "5",
+    "--dsn",
+    pg.dsn,
+    "--",
+    ...TICKER,
+    file,
+  ]);
+  const first = await stderrEvent(a, (e) => e.event === "command-start", "the first command");
+  const ticking = (pid: number) =>
+    eventually(
+      async () => (await Deno.readTextFile(file)).includes(`tick ${pid} `) || undefined,
+      `command ${pid} to tick`,
+    );
+  await ticking(Number(first.pid));
+  const acquired = jsonLines(a.stderrText()).find((e) => e.event === "acquired")!;
+  await pg.terminateBackend(Number(acquired.backendPid));
+  const regained = await stderrEvent(
+    a,
+    (e) => e.event === "acquired" && e.regained === true,
+    "the regained term",
+  );
+  await eventually(() => commandStarts(a.stderrText())[1], "the second command");
+  await ticking(Number(commandStarts(a.stderrText())[1]!.pid));
+  a.kill("SIGTERM");
+  equal((await a.status).code, 0);
+
+  const events = jsonLines(a.stderrText());
+  equal(events.find((e) => e.event === "command-stop")?.reason, "leadership ended");
+  ok(!events.some((e) => e.event === "stepdown"), "a lost term is not stepped down");
+  const seen = await runs(file);
+  await Deno.remove(file);
+  equal(seen.length, 2, JSON.stringify(seen, (_, v) => typeof v === "bigint" ? String(v) : v));
+  ok(seen[0]!.stopped && seen[1]!.stopped, "both runs got SIGTERM");
+  ok(seen[0]!.end < seen[1]!.start, "the second run started after the first had ended");
+  equal(seen[1]!.token, String(regained.token), "the second run has the regained term's token");
+  ok(BigInt(seen[0]!.token) < BigInt(seen[1]!.token));
+});
+
+Deno.test("exec --restart stopped during its restart delay releases the lock and exits 0", async () => {
+  await using pg = await startPostgres();
+  const keys = freshKeys();
+  await using a = cli([
+    "exec",
+    "--json",
+    "--restart",
+    "--restart-delay",
+    "30",
+    ...keys.args,
+    ...QUICK,
+    "--dsn",
+    pg.dsn,
+    "--",
+    "sh",
+    "-c",
+    "exit 3",
+  ]);
+  await stderrEvent(a, (e) => e.event === "restart", "the restart");
+  // Alone, it leads again at once and holds the lock through the delay.
+  await eventually(
+    () => jsonLines(a.stderrText()).filter((e) => e.event === "acquired").length >= 2 || undefined,
+    "the second term",
+  );
+  a.kill("SIGTERM");
+  equal((await a.status).code, 0);
+  const events = jsonLines(a.stderrText()).map((e) => e.event);
+  equal(events.filter((e) => e === "command-start").length, 1, "the command never ran again");
+  equal(events.filter((e) => e === "released").length, 2, "released after each term");
+  const rows = await pg.query(
+    "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = $1",
+    [keys.key2],
+  );
+  equal(rows[0]?.n, 0);
+});
