@@ -320,8 +320,9 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     name: settings.name,
   });
 
-  // The lock waits this long for the command to be gone before it unlocks on a step-down or a
-  // shutdown; never longer than the lease, which outlasts it (kill-grace < lease / 10).
+  // The lock waits up to this long for the command to be gone before it unlocks on a step-down
+  // or a shutdown. The library never drains past the lease the server still holds, and the
+  // command is SIGKILLed within kill-grace (< lease / 10) of the term's end anyway.
   const drainMs = 2 * killGraceMs + DRAIN_SLACK_MS;
   const campaign = Campaign.create({
     command: "exec",
