@@ -88,6 +88,12 @@ export {
   type ShardTerm,
 } from "./src/leader_group.ts";
 export {
+  type GroupInfo,
+  type GroupMemberInfo,
+  inspectGroup,
+  type InspectGroupOptions,
+} from "./src/group/inspect_group.ts";
+export {
   GroupErrorEvent,
   GroupRenewedEvent,
   type LeaderGroupEventMap,

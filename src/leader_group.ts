@@ -22,6 +22,13 @@
  *
  * @module
  */
+import {
+  checkDurationMs,
+  checkIdentity,
+  checkInt32 as checkInt32In,
+  defaultIdentity,
+  describe,
+} from "./_checks.ts";
 import { ListenerWrappers } from "./_listeners.ts";
 import { type ConnectionOptions, makeConnector } from "./connector.ts";
 import { PgLeaderLockError, ShutdownError } from "./errors.ts";
@@ -38,6 +45,7 @@ import {
 } from "./group/events.ts";
 import { GroupMember, type MemberObserver, randomMemberId } from "./group/member.ts";
 import { memberSettings } from "./group/protocol.ts";
+import { checkShards } from "./group/shards.ts";
 
 /** Options of {@linkcode LeaderGroup}. Durations are milliseconds. */
 export interface LeaderGroupOptions extends ConnectionOptions {
@@ -124,10 +132,6 @@ export interface ShardTerm {
   readonly signal: AbortSignal;
 }
 
-const INT32_MIN = -2147483648;
-const INT32_MAX = 2147483647;
-const MAX_SHARDS = 1_048_576;
-const MAX_TIMER_MS = 2147483647;
 const WHERE = "Cannot create LeaderGroup";
 
 /**
@@ -202,7 +206,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       signal,
     } = options;
     this.key1 = checkInt32("key1", key1);
-    this.shards = checkShards(shards);
+    this.shards = checkShards(WHERE, shards);
     checkDuration("healthIntervalMs", healthIntervalMs, 1);
     const { leaseMs = 3 * healthIntervalMs } = options;
     checkDuration("leaseMs", leaseMs, 1);
@@ -253,7 +257,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
     );
     this.#connect = connector.connect;
     const { identity = connector.applicationName ?? defaultIdentity() } = options;
-    this.identity = checkIdentity(identity);
+    this.identity = checkIdentity(WHERE, identity);
     this.#options = {
       healthIntervalMs,
       leaseMs,
@@ -532,97 +536,10 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
   }
 }
 
-function describe(value: unknown): string {
-  if (typeof value === "string") return JSON.stringify(value.slice(0, 40));
-  if (typeof value === "function") return "a function";
-  if (typeof value === "object" && value !== null) return "an object";
-  return String(value);
-}
-
 function checkInt32(name: string, value: unknown): number {
-  if (typeof value !== "number") {
-    throw new TypeError(
-      `${WHERE} as '${name}' must be an int32 number: current value is ${describe(value)}`,
-    );
-  }
-  if (!Number.isInteger(value) || value < INT32_MIN || value > INT32_MAX) {
-    throw new RangeError(`${WHERE} as '${name}' must be an int32: current value is ${value}`);
-  }
-  return value;
-}
-
-function checkShards(shards: unknown): readonly number[] {
-  if (typeof shards === "number") {
-    if (!Number.isInteger(shards) || shards < 1 || shards > MAX_SHARDS) {
-      throw new RangeError(
-        `${WHERE} as 'shards' must be an integer from 1 to ${MAX_SHARDS} or a list of key2 values: current value is ${shards}`,
-      );
-    }
-    return Object.freeze(Array.from({ length: shards }, (_, i) => i));
-  }
-  if (!Array.isArray(shards)) {
-    throw new TypeError(
-      `${WHERE} as 'shards' must be a count or an array of int32 key2 values: current value is ${
-        describe(shards)
-      }`,
-    );
-  }
-  if (shards.length === 0 || shards.length > MAX_SHARDS) {
-    throw new RangeError(
-      `${WHERE} as 'shards' must list 1 to ${MAX_SHARDS} key2 values: current value has ${shards.length}`,
-    );
-  }
-  const list = shards.map((k: unknown, i: number) => checkInt32(`shards[${i}]`, k));
-  list.sort((a, b) => a - b);
-  for (let i = 1; i < list.length; i++) {
-    if (list[i] === list[i - 1]) {
-      throw new RangeError(
-        `${WHERE} as 'shards' must not repeat a key2: current value repeats ${list[i]}`,
-      );
-    }
-  }
-  return Object.freeze(list);
+  return checkInt32In(WHERE, name, value);
 }
 
 function checkDuration(name: string, value: unknown, min: number, method?: string): void {
-  const where = method ? `Cannot call ${method}` : WHERE;
-  if (typeof value !== "number") {
-    throw new TypeError(
-      `${where} as '${name}' must be a number of milliseconds: current value is ${describe(value)}`,
-    );
-  }
-  if (!Number.isFinite(value) || value < min || value > MAX_TIMER_MS) {
-    throw new RangeError(
-      `${where} as '${name}' must be a number from ${min} to ${MAX_TIMER_MS}: current value is ${value}`,
-    );
-  }
-}
-
-function checkIdentity(identity: unknown): string {
-  if (typeof identity !== "string") {
-    throw new TypeError(
-      `${WHERE} as 'identity' must be a string: current value is ${describe(identity)}`,
-    );
-  }
-  const bytes = new TextEncoder().encode(identity).length;
-  if (bytes === 0 || bytes > 63 || identity.includes("\0")) {
-    throw new RangeError(
-      `${WHERE} as 'identity' must be 1 to 63 bytes without NUL: current value has ${bytes} bytes`,
-    );
-  }
-  return identity;
-}
-
-function defaultIdentity(): string {
-  let host = "";
-  try {
-    if (Deno.permissions.querySync({ name: "sys", kind: "hostname" }).state === "granted") {
-      host = Deno.hostname();
-    }
-  } catch {
-    // No permission: the pid alone identifies us.
-  }
-  const pid = `${Deno.pid}`;
-  if (!host) return `pid:${pid}`;
-  return `${host.slice(0, 62 - pid.length)}:${pid}`;
+  checkDurationMs(method ? `Cannot call ${method}` : WHERE, name, value, min);
 }

@@ -8,12 +8,17 @@ import type { AcquireMode, LockConfig } from "./config.ts";
 import { type ConnectionOptions, makeConnector } from "./connector.ts";
 
 export type { AcquireMode, LockConfig };
-import { redactDsn } from "./dsn.ts";
 import { MAX_DURATION_MS, sessionSettings } from "./protocol.ts";
 import { ExponentialBackoff, type RetryStrategy } from "./retry.ts";
 import { lockKeys } from "./lock_name.ts";
 import type { LeaderLockTelemetryOptions } from "./telemetry.ts";
-import { hostname, pid } from "./_runtime.ts";
+import {
+  checkDurationMs,
+  checkIdentity,
+  checkInt32 as checkInt32In,
+  defaultIdentity,
+  describe,
+} from "./_checks.ts";
 
 /** Options of {@linkcode LeaderLock}. Durations are milliseconds, each at most 2^31 - 1. */
 export interface LeaderLockOptions extends ConnectionOptions {
@@ -115,8 +120,6 @@ export interface LeaderLockOptions extends ConnectionOptions {
   telemetry?: LeaderLockTelemetryOptions | false;
 }
 
-const INT32_MIN = -2147483648;
-const INT32_MAX = 2147483647;
 const ACQUIRE_MODES: readonly AcquireMode[] = ["wait", "poll"];
 const WHERE = "create LeaderLock";
 
@@ -205,6 +208,7 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
     keepAliveDelayMs: Math.max(1000, Math.floor(leaseMs / 3)),
   });
   const identity = checkIdentity(
+    `Cannot ${WHERE}`,
     options.identity ?? connector.applicationName ?? defaultIdentity(),
   );
   const settings = Object.freeze(sessionSettings({ identity, waitWindowMs, leaseMs }));
@@ -225,19 +229,6 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
     settings,
     connector,
   });
-}
-
-/**
- * Describes a value for an error message without echoing a password.
- *
- * @param value Any value.
- * @returns A short description.
- */
-export function describe(value: unknown): string {
-  if (typeof value === "string") return JSON.stringify(redactDsn(value));
-  if (typeof value === "function") return "a function";
-  if (typeof value === "object" && value !== null) return "an object";
-  return String(value);
 }
 
 function checkKeys(
@@ -269,19 +260,7 @@ function checkKeys(
 }
 
 function checkInt32(name: string, value: unknown): number {
-  if (typeof value !== "number") {
-    throw new TypeError(
-      `Cannot create LeaderLock as '${name}' must be an int32 number: current value is ${
-        describe(value)
-      }`,
-    );
-  }
-  if (!Number.isInteger(value) || value < INT32_MIN || value > INT32_MAX) {
-    throw new RangeError(
-      `Cannot create LeaderLock as '${name}' must be an int32: current value is ${value}`,
-    );
-  }
-  return value;
+  return checkInt32In(`Cannot ${WHERE}`, name, value);
 }
 
 /** Options of {@linkcode checkDuration}. */
@@ -308,48 +287,5 @@ export function checkDuration(
   options: CheckDurationOptions = {},
 ): void {
   const { min = 0, method } = options;
-  const where = method ? `call LeaderLock.${method}()` : WHERE;
-  if (typeof value !== "number") {
-    throw new TypeError(
-      `Cannot ${where} as '${name}' must be a number of milliseconds: current value is ${
-        describe(value)
-      }`,
-    );
-  }
-  if (!Number.isFinite(value) || value < min || value > MAX_DURATION_MS) {
-    throw new RangeError(
-      `Cannot ${where} as '${name}' must be a finite number from ${min} to ${MAX_DURATION_MS} (2^31 - 1): current value is ${value}`,
-    );
-  }
-}
-
-function checkIdentity(identity: unknown): string {
-  if (typeof identity !== "string") {
-    throw new TypeError(
-      `Cannot create LeaderLock as 'identity' must be a string: current value is ${
-        describe(identity)
-      }`,
-    );
-  }
-  if (identity.length === 0 || identity.length > 63) {
-    throw new RangeError(
-      `Cannot create LeaderLock as 'identity' must be 1 to 63 characters: current value has ${identity.length}`,
-    );
-  }
-  if (/[^\x20-\x7e]/.test(identity)) {
-    throw new RangeError(
-      `Cannot create LeaderLock as 'identity' must be printable ASCII (PostgreSQL shows other characters as '?' in application_name): current value is ${
-        JSON.stringify(identity)
-      }`,
-    );
-  }
-  return identity;
-}
-
-function defaultIdentity(): string {
-  const host = hostname() ?? "";
-  const id = `${pid()}`;
-  const clean = host.replace(/[^\x20-\x7e]/g, "?");
-  if (!clean) return `pid:${id}`;
-  return `${clean.slice(0, 62 - id.length)}:${id}`;
+  checkDurationMs(`Cannot ${method ? `call LeaderLock.${method}()` : WHERE}`, name, value, min);
 }

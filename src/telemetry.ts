@@ -9,13 +9,15 @@
  * so the SDK's Prometheus exporter and an OTLP-to-Prometheus translation both produce the
  * `/metrics` names: see {@linkcode LOCK_METRICS}.
  *
- * @example Record a lock's telemetry with the global providers
+ * Every {@linkcode LeaderLock} is instrumented by its constructor through
+ * {@linkcode instrumentLeaderLock} (the `telemetry` option; `telemetry: false` turns it off).
+ *
+ * @example Record a lock's telemetry with the global providers (the default)
  * ```ts ignore
  * import { LeaderLock } from "@x/pgleaderlock";
- * import { instrumentLeaderLock } from "@x/pgleaderlock/telemetry";
  *
- * const lock = new LeaderLock({ dsn: "postgres://localhost/app", key1: 1, key2: 2 });
- * using _telemetry = instrumentLeaderLock(lock);
+ * // Run with OTEL_DENO=true, or register an SDK's providers globally first.
+ * await using lock = new LeaderLock({ dsn: "postgres://localhost/app", key1: 1, key2: 2 });
  * await lock.start();
  * ```
  *
@@ -52,6 +54,7 @@ import type {
   StateChangeEvent,
 } from "./events.ts";
 import { LOCK_STATES } from "./state.ts";
+import { describe } from "./_checks.ts";
 
 /**
  * An OpenTelemetry `MeterProvider` (from `npm:@opentelemetry/api`), such as the SDK's or Deno's:
@@ -329,18 +332,20 @@ function instrumentsOf(meter: Meter): Instruments {
  * @throws {TypeError} When `lock` is not a LeaderLock-like event target or a provider has no
  * `getMeter` / `getTracer` method.
  *
- * @example Record into an SDK's meter and tracer providers
+ * @example Record into an SDK's meter and tracer providers (what the `telemetry` option does)
  * ```ts ignore
  * import { MeterProvider } from "npm:@opentelemetry/sdk-metrics@^3.1.1";
  * import { TracerProvider } from "npm:@opentelemetry/sdk-trace@^3.1.1";
- * import { instrumentLeaderLock } from "@x/pgleaderlock/telemetry";
+ * import { LeaderLock } from "@x/pgleaderlock";
  *
- * const telemetry = instrumentLeaderLock(lock, {
- *   meterProvider: new MeterProvider({ readers: [reader] }),
- *   tracerProvider: new TracerProvider({ spanProcessors: [processor] }),
+ * await using lock = new LeaderLock({
+ *   dsn: "postgres://localhost/app",
+ *   name: "billing-cron",
+ *   telemetry: {
+ *     meterProvider: new MeterProvider({ readers: [reader] }),
+ *     tracerProvider: new TracerProvider({ spanProcessors: [processor] }),
+ *   },
  * });
- * // ...
- * telemetry.dispose();
  * ```
  */
 export function instrumentLeaderLock(
@@ -736,11 +741,4 @@ function observeGauges(
   );
   meter.addBatchObservableCallback(callback, observables);
   return unobserve;
-}
-
-function describe(value: unknown): string {
-  if (typeof value === "string") return JSON.stringify(value);
-  if (typeof value === "function") return "a function";
-  if (typeof value === "object" && value !== null) return "an object";
-  return String(value);
 }

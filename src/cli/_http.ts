@@ -1,5 +1,6 @@
 /**
- * The `--http` endpoints of `run` and `exec`: `/healthz`, `/leader` and `/metrics`.
+ * The `--http` endpoints of `run` and `exec` (`/healthz`, `/leader` and `/metrics`), and the
+ * server and responses that `status --group --http` shares with them.
  *
  * @module
  */
@@ -38,21 +39,14 @@ export interface HttpEndpoints extends AsyncDisposable {
  * @returns The response.
  */
 export function handle(request: Request, source: HttpSource): Response {
+  const refusal = refuse(request, ["/healthz", "/leader", "/metrics"]);
+  if (refusal !== undefined) return refusal;
   const { pathname } = new URL(request.url);
-  if (!["/healthz", "/leader", "/metrics"].includes(pathname)) {
-    return text(404, "not found: try /healthz, /leader or /metrics\n");
-  }
-  if (request.method !== "GET" && request.method !== "HEAD") {
-    return new Response("method not allowed\n", {
-      status: 405,
-      headers: { allow: "GET, HEAD", "content-type": "text/plain; charset=utf-8" },
-    });
-  }
   const { lock } = source;
   switch (pathname) {
     case "/healthz": {
       const ok = source.healthy();
-      return json(ok ? 200 : 503, { ok, state: lock.state });
+      return jsonResponse(ok ? 200 : 503, { ok, state: lock.state });
     }
     case "/leader": {
       // A follower names the holder (from the lock's leaderchange events), as Kubernetes' Lease
@@ -60,7 +54,7 @@ export function handle(request: Request, source: HttpSource): Response {
       const leader = lock.isLeader;
       const token = lock.fencingToken;
       const holder = source.holder();
-      return json(leader ? 200 : 503, {
+      return jsonResponse(leader ? 200 : 503, {
         leader,
         state: lock.state,
         ...(token !== undefined ? { token: String(token) } : {}),
@@ -76,17 +70,55 @@ export function handle(request: Request, source: HttpSource): Response {
       });
     }
     default:
-      return new Response(renderMetrics(source.metrics()), {
-        headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
-      });
+      return metricsResponse(source.metrics());
   }
 }
 
-function text(status: number, body: string): Response {
-  return new Response(body, { status, headers: { "content-type": "text/plain; charset=utf-8" } });
+/**
+ * The answer to a request for a path not served (404) or with a method other than GET or HEAD
+ * (405); `undefined` when the request is one to answer.
+ *
+ * @param request The request.
+ * @param paths The paths served.
+ * @returns The refusal, if any.
+ */
+export function refuse(request: Request, paths: readonly string[]): Response | undefined {
+  const { pathname } = new URL(request.url);
+  if (!paths.includes(pathname)) {
+    return new Response(`not found: try ${paths.join(", ")}\n`, {
+      status: 404,
+      headers: { "content-type": "text/plain; charset=utf-8" },
+    });
+  }
+  if (request.method !== "GET" && request.method !== "HEAD") {
+    return new Response("method not allowed\n", {
+      status: 405,
+      headers: { allow: "GET, HEAD", "content-type": "text/plain; charset=utf-8" },
+    });
+  }
+  return undefined;
 }
 
-function json(status: number, body: unknown): Response {
+/**
+ * Metric families in the Prometheus text format, as a response.
+ *
+ * @param families The families.
+ * @returns The response.
+ */
+export function metricsResponse(families: readonly MetricFamily[]): Response {
+  return new Response(renderMetrics(families), {
+    headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
+  });
+}
+
+/**
+ * A JSON body, as a response.
+ *
+ * @param status The status.
+ * @param body The body.
+ * @returns The response.
+ */
+export function jsonResponse(status: number, body: unknown): Response {
   return new Response(JSON.stringify(body) + "\n", {
     status,
     headers: { "content-type": "application/json" },
@@ -102,6 +134,21 @@ function json(status: number, body: unknown): Response {
  * @throws {Deno.errors.AddrInUse} When the port is taken.
  */
 export function serveEndpoints(address: ListenAddress, source: HttpSource): HttpEndpoints {
+  return serveHttp(address, (request) => handle(request, source));
+}
+
+/**
+ * Starts serving `handler`.
+ *
+ * @param address Where to listen.
+ * @param handler Answers each request.
+ * @returns The server, once it listens.
+ * @throws {Deno.errors.AddrInUse} When the port is taken.
+ */
+export function serveHttp(
+  address: ListenAddress,
+  handler: (request: Request) => Response,
+): HttpEndpoints {
   const controller = new AbortController();
   let url = "";
   const server = Deno.serve({
@@ -111,7 +158,7 @@ export function serveEndpoints(address: ListenAddress, source: HttpSource): Http
     onListen: ({ hostname, port }) => {
       url = `http://${hostname.includes(":") ? `[${hostname}]` : hostname}:${port}`;
     },
-  }, (request) => handle(request, source));
+  }, handler);
   const addr = server.addr as Deno.NetAddr;
   url ||= `http://${
     addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname

@@ -6,7 +6,8 @@
  * @module
  */
 import { type AdvisoryLockInfo, inspectLocks, type SessionInfo } from "../../mod.ts";
-import { parseArgs, seconds, UsageError } from "./_args.ts";
+import { int32, listenAddress, parseArgs, seconds, UsageError } from "./_args.ts";
+import { EXIT_GROUP_INCOMPLETE, groupStatus, shardsFlag } from "./_group_status.ts";
 import { onSignals, sleep, STOP_SIGNALS } from "./_campaign.ts";
 import { dsnSettings, type LockTarget, lockTarget } from "./_lock_flags.ts";
 import { type CliIo, errorMessage, type FieldValue, Logger } from "./_output.ts";
@@ -23,12 +24,16 @@ const STATUS_FLAGS = {
   watch: "switch",
   interval: "value",
   json: "switch",
+  group: "switch",
+  shards: "value",
+  http: "value",
   help: "switch",
 } as const;
 
 /** The help of `status`. */
 export const STATUS_HELP =
   `Usage: pgleaderlock status [--name NAME | --key1 K1 --key2 K2] [--watch] [--json]
+       pgleaderlock status --group --key1 K1 [--shards N|K2,K2,...] [--watch [--http HOST:PORT]]
 
 Shows every advisory lock of the database (or only the one named): the holder's backend pid,
 its identity (application_name), its client address and session start when visible, since when
@@ -40,6 +45,11 @@ PostgreSQL does not record when an advisory lock was granted: 'leading-since' is
 when --watch saw the holder change (the time of the first look that showed the new holder, at
 most --interval late).
 
+With --group, shows the LeaderGroup of key1 K1 instead: its live members (member id, backend
+pid, identity), how many shards each leads and which, the shards nobody leads (give the group's
+shards with --shards: PostgreSQL does not know them), and shards of K1 held by sessions that are
+not members.
+
 Options:
   --dsn DSN          libpq keyword/value string or postgres:// URL.
                      Default: $PG_DSN, else libpq's PG* variables.
@@ -47,12 +57,20 @@ Options:
   --key1 N, --key2 N Only this lock (give both).
   --watch            Keep watching; print the locks again whenever they change.
   --interval S       How often --watch looks, in seconds. Default: 1.
-  --json             One JSON object per line: {"time", "level", "event": "status", "locks": [...]}.
+  --json             One JSON object per line: {"time", "level", "event": "status", "locks": [...]}
+                     (with --group: "event": "group", "members": [...], "unowned": [...]).
+  --group            Show the LeaderGroup of --key1 (no --key2).
+  --shards N|LIST    The group's shards: a count N (key2 0..N-1) or key2 values '1,5,9'.
+  --http HOST:PORT   With --group --watch: serve GET /metrics (members, shards each member
+                     leads, unowned shards, as Prometheus gauges) and /healthz (200 while the
+                     last look succeeded). ':PORT' listens on all interfaces.
   -h, --help         Show this help.
 
 Exit status, as 'pg_ctl status': 0 when the lock named is held (without a lock named: 0);
-${EXIT_NOT_HELD} when it is not held; with --watch, that of the last look. 1 when the database
-cannot be reached; 2 for a usage error; ${EXIT_NO_PERMISSION} when a Deno permission is missing.
+${EXIT_NOT_HELD} when it is not held; with --group, 0 when the group has a member and every shard
+given with --shards a holder, else ${EXIT_GROUP_INCOMPLETE}; with --watch, that of the last look. 1
+when the database cannot be reached; 2 for a usage error; ${EXIT_NO_PERMISSION} when a Deno
+permission is missing.
 `;
 
 /**
@@ -71,6 +89,10 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
     return 0;
   }
   if (rest.length > 0) throw new UsageError(`unexpected argument '${rest[0]}'`, "status");
+  if (flags.has("group")) return await groupCommand(flags, io);
+  for (const name of ["shards", "http"]) {
+    if (flags.has(name)) throw new UsageError(`option '--${name}' needs '--group'`, "status");
+  }
   const target = lockTarget("status", flags, false);
   const watch = flags.has("watch");
   const intervalText = flags.get("interval");
@@ -135,6 +157,59 @@ export async function statusCommand(args: readonly string[], io: CliIo): Promise
     await sleep(intervalMs, controller.signal);
     if (controller.signal.aborted) return code;
   }
+}
+
+/** `status --group`: reads and checks its flags, then runs {@linkcode groupStatus}. */
+async function groupCommand(flags: ReadonlyMap<string, string>, io: CliIo): Promise<number> {
+  for (const name of ["name", "key2"]) {
+    if (flags.has(name)) {
+      throw new UsageError(
+        `option '--${name}' does not go with '--group': give '--key1'`,
+        "status",
+      );
+    }
+  }
+  const key1Text = flags.get("key1");
+  if (key1Text === undefined) {
+    throw new UsageError("option '--group' needs '--key1', the group's key1", "status");
+  }
+  const key1 = int32("status", "key1", key1Text);
+  const shardsText = flags.get("shards");
+  const shards = shardsText === undefined ? undefined : shardsFlag("status", shardsText);
+  const watch = flags.has("watch");
+  const intervalText = flags.get("interval");
+  for (const name of ["interval", "http"]) {
+    if (flags.has(name) && !watch) {
+      throw new UsageError(`option '--${name}' needs '--watch'`, "status");
+    }
+  }
+  const intervalMs = intervalText === undefined
+    ? 1000
+    : seconds("status", "interval", intervalText, 0.05);
+  const httpText = flags.get("http");
+  const http = httpText === undefined ? undefined : listenAddress("status", "http", httpText);
+  const { dsn, redactor, needs } = dsnSettings("status", flags);
+  requirePermissions("status", [
+    ...needs,
+    ...(http === undefined ? [] : [{
+      descriptor: { name: "net", host: `${http.hostname}:${http.port}` } as const,
+      flag: "--allow-net",
+      why: `to listen on ${httpText}`,
+    }]),
+  ]);
+  const logger = new Logger({ json: flags.has("json"), write: io.stdout, redactor });
+  const controller = new AbortController();
+  using _signals = onSignals(STOP_SIGNALS, () => controller.abort());
+  return await groupStatus({
+    dsn,
+    key1,
+    shards,
+    watch,
+    intervalMs,
+    http,
+    logger,
+    signal: controller.signal,
+  });
 }
 
 function lockId(lock: AdvisoryLockInfo): string {

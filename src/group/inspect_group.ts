@@ -1,0 +1,120 @@
+/**
+ * {@linkcode inspectGroup}: what anyone with CONNECT can see of a {@linkcode LeaderGroup}, read
+ * from pg_locks and pg_stat_activity over a short-lived session: the live members, the shards
+ * each leads, and the shards nobody leads.
+ *
+ * @module
+ */
+import { checkInt32, describe } from "../_checks.ts";
+import { type ConnectionOptions, makeConnector } from "../connector.ts";
+import { inspect } from "./protocol.ts";
+import { checkShards } from "./shards.ts";
+
+const WHERE = "Cannot inspect LeaderGroup";
+
+/** Options of {@linkcode inspectGroup}. */
+export interface InspectGroupOptions extends ConnectionOptions {
+  /** The group: the first key of its shards' advisory locks (an int32). */
+  key1: number;
+  /**
+   * The group's shards, as its members were given them (a count N for key2 = 0..N-1, or a list
+   * of key2 values). PostgreSQL does not know them: without this, {@linkcode GroupInfo.unowned}
+   * is undefined.
+   *
+   * @default {undefined}
+   */
+  shards?: number | readonly number[];
+  /** Aborts the connection and the query. */
+  signal?: AbortSignal;
+}
+
+/** One live member of a group. */
+export interface GroupMemberInfo {
+  /** The member's id: the random uint32 of its membership lock. */
+  readonly memberId: number;
+  /** Its backend pid. */
+  readonly pid: number;
+  /** Its identity (application_name), when it set one. */
+  readonly identity: string | undefined;
+  /** The key2 values of the shards its session holds, ascending. */
+  readonly shards: readonly number[];
+}
+
+/** A group as {@linkcode inspectGroup} saw it. */
+export interface GroupInfo {
+  /** The group's key1. */
+  readonly key1: number;
+  /** The live members, by member id. */
+  readonly members: readonly GroupMemberInfo[];
+  /**
+   * Shards (key2) of this key1 held by sessions that are not members of the group, with the
+   * holder's backend pid: another program using the same keys, which the members cannot take.
+   */
+  readonly foreign: readonly { readonly key2: number; readonly pid: number }[];
+  /** How many shards are held, by members or not. */
+  readonly held: number;
+  /**
+   * The shards nobody holds (key2, ascending), among those given as
+   * {@linkcode InspectGroupOptions.shards}; undefined when they were not given.
+   */
+  readonly unowned: readonly number[] | undefined;
+}
+
+/**
+ * Reads a {@linkcode LeaderGroup}'s members and shard holders from the server. Works as a plain
+ * role with CONNECT: pg_locks and application_name are visible for every role's sessions.
+ *
+ * @example How is group 42 balanced?
+ * ```ts ignore
+ * import { inspectGroup } from "@x/pgleaderlock";
+ *
+ * const group = await inspectGroup({ dsn: "postgres://app@db/app", key1: 42, shards: 64 });
+ * for (const member of group.members) console.log(member.identity, member.shards.length);
+ * console.log(`${group.unowned?.length} unowned`);
+ * ```
+ *
+ * @param options Where to connect, the group's key1 and optionally its shards.
+ * @returns The group as the server sees it now.
+ * @throws {TypeError} When the DSN cannot be parsed or an option has the wrong type.
+ * @throws {RangeError} When key1 or a shard is not an int32, or the shard count is out of range.
+ * @throws {ConnectionError} When the server cannot be reached.
+ */
+export async function inspectGroup(options: InspectGroupOptions): Promise<GroupInfo> {
+  if (typeof options !== "object" || options === null) {
+    throw new TypeError(`${WHERE} as 'options' must be an object: current value is ${options}`);
+  }
+  const key1 = checkInt32(WHERE, "key1", options.key1);
+  const shards = options.shards === undefined ? undefined : checkShards(WHERE, options.shards);
+  const { signal = new AbortController().signal } = options;
+  if (!(signal instanceof AbortSignal)) {
+    throw new TypeError(
+      `${WHERE} as 'signal' must be an AbortSignal: current value is ${describe(signal)}`,
+    );
+  }
+  const { connect } = makeConnector(options, WHERE, { keepAliveDelayMs: 1000 });
+  signal.throwIfAborted();
+  const session = await connect(signal, { statement_timeout: "0" });
+  const onAbort = () => session.destroy();
+  signal.addEventListener("abort", onAbort, { once: true });
+  try {
+    const { members, holders } = await inspect(session, key1);
+    const memberPids = new Set(members.map((m) => m.pid));
+    const foreign = [...holders]
+      .filter(([, pid]) => !memberPids.has(pid))
+      .map(([key2, pid]) => ({ key2, pid }))
+      .sort((a, b) => a.key2 - b.key2);
+    return {
+      key1,
+      members,
+      foreign,
+      held: holders.size,
+      unowned: shards?.filter((key2) => !holders.has(key2)),
+    };
+  } catch (error) {
+    if (signal.aborted) throw signal.reason;
+    throw error;
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+    await session.end(1000);
+  }
+}
