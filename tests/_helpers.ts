@@ -62,6 +62,31 @@ export async function until(
   }
 }
 
+/**
+ * Waits until `lock`'s session waits in PostgreSQL's queue for an advisory lock: from then on, the
+ * holder's end grants it the lock (a `state` of "acquiring" alone may still be connecting or
+ * between statements, and the old holder could win the lock back).
+ */
+export async function untilQueued(
+  pg: TestPostgres,
+  lock: LeaderLock,
+  timeoutMs = 10_000,
+): Promise<void> {
+  await until(
+    async () => {
+      const pid = lock.backendPid;
+      if (pid === 0) return false;
+      const rows = await pg.query(
+        "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
+        [pid],
+      );
+      return Number(rows[0]?.n) > 0;
+    },
+    timeoutMs,
+    `${lock.identity} in the lock queue`,
+  );
+}
+
 /** Advisory locks currently granted on the server for (key1, key2). */
 export async function holders(
   pg: TestPostgres,

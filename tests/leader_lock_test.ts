@@ -21,6 +21,7 @@ import {
   sessionsOf,
   shutdownAll,
   until,
+  untilQueued,
 } from "./_helpers.ts";
 
 Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
@@ -65,8 +66,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
       await a.start();
       assert(await a.waitForLeadership({ timeoutMs: 5000 }));
       await b.start();
-      await until(() => b.state === "acquiring");
-      await new Promise((r) => setTimeout(r, 50)); // b is now inside the lock queue
+      await untilQueued(pg, b);
       const t0 = performance.now();
       await a.shutdown();
       assert(await b.waitForLeadership({ timeoutMs: 5000 }));
@@ -87,7 +87,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
       await a.start();
       assert(await a.waitForLeadership({ timeoutMs: 5000 }));
       await b.start();
-      await until(() => b.state === "acquiring");
+      await untilQueued(pg, b);
       const t0 = performance.now();
       await pg.terminateBackend(a.backendPid);
       assert(await b.waitForLeadership({ timeoutMs: 5000 }));
@@ -113,8 +113,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
       await a.start();
       assert(await a.waitForLeadership({ timeoutMs: 5000 }));
       await b.start();
-      await until(() => b.state === "acquiring");
-      await new Promise((r) => setTimeout(r, 50));
+      await untilQueued(pg, b);
       await a.stepDown();
       assert(await b.waitForLeadership({ timeoutMs: 2000 }), "b leads after the step-down");
       assert(!a.isLeader);
@@ -138,7 +137,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
       const a = new LeaderLock(fastOptions(pg, keys, options));
       const b = new LeaderLock(fastOptions(pg, keys, options));
       const handoverMs = async (fault: () => Promise<unknown>, to: LeaderLock) => {
-        await new Promise((r) => setTimeout(r, 50)); // the follower is inside the lock queue
+        await untilQueued(pg, to);
         const t0 = performance.now();
         await fault();
         assert(await to.waitForLeadership({ timeoutMs: 5000 }), "the follower leads");
@@ -239,8 +238,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
       await a.start();
       assert(await a.waitForLeadership({ timeoutMs: 5000 }));
       await b.start();
-      await until(() => b.state === "acquiring");
-      await new Promise((r) => setTimeout(r, 50));
+      await untilQueued(pg, b);
       assert(!a.isLeader || a.state === "leader");
       await pg.terminateBackend(a.backendPid);
       assert(await b.waitForLeadership({ timeoutMs: 2000 }));
@@ -430,8 +428,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
         await a.start();
         assert(await a.waitForLeadership({ timeoutMs: 5000 }));
         await b.start();
-        await until(() => b.state === "acquiring");
-        await new Promise((r) => setTimeout(r, 50));
+        await untilQueued(pg, b);
         const info = await whoLeads({ dsn: pg.dsn, ...keys });
         assertEquals(info.holder?.identity, "holder-a");
         assertEquals(info.holder?.pid, a.backendPid);

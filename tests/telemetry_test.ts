@@ -28,7 +28,7 @@ import {
   STEP_DOWN_SPAN,
   TELEMETRY_SCOPE,
 } from "../src/telemetry.ts";
-import { fastOptions, freshKeys, shutdownAll, until } from "./_helpers.ts";
+import { fastOptions, freshKeys, shutdownAll, until, untilQueued } from "./_helpers.ts";
 
 /** A reader that collects only when asked: no timer. */
 class ManualReader extends MetricReader {
@@ -115,15 +115,6 @@ class Collected {
   }
 }
 
-/** Whether `lock`'s session waits in PostgreSQL's queue for an advisory lock. */
-async function queued(pg: TestPostgres, lock: LeaderLock): Promise<boolean> {
-  const rows = await pg.query(
-    "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1",
-    [lock.backendPid],
-  );
-  return Number(rows[0]?.n) > 0;
-}
-
 function spansOf(spans: ReadableSpan[], name: string, identity: string): ReadableSpan[] {
   return spans.filter((s) => s.name === name && s.attributes["pgleaderlock.identity"] === identity);
 }
@@ -199,7 +190,7 @@ Deno.test("instrumentLeaderLock records a handover between two locks in metrics 
       assert(m.value("pgleaderlock_leader_changes_total", attrsB) >= 1);
     });
 
-    await until(() => queued(pg, b), 10_000, "b in the lock queue");
+    await untilQueued(pg, b);
     stepDownAt = performance.now();
     await a.stepDown();
     assert(await b.waitForLeadership({ timeoutMs: 5000 }));
@@ -319,7 +310,7 @@ Deno.test("instrumentLeaderLock without an SDK records nothing and the lock stil
     await a.start();
     assert(await a.waitForLeadership({ timeoutMs: 5000 }));
     await b.start();
-    await until(() => queued(pg, b), 10_000, "b in the lock queue");
+    await untilQueued(pg, b);
     await a.stepDown();
     assert(await b.waitForLeadership({ timeoutMs: 5000 }));
     assertEquals(a.isLeader, false);
@@ -395,7 +386,7 @@ Deno.test("instrumentLeaderLock's dispose() removes the gauges, stops counting a
     await a.start();
     assert(await a.waitForLeadership({ timeoutMs: 5000 }));
     await b.start();
-    await until(() => queued(pg, b), 10_000, "b in the lock queue");
+    await untilQueued(pg, b);
     assertEquals((await otel.collect()).value("pgleaderlock_leader", attrsA), 1);
 
     telemetryA.dispose();
