@@ -19,7 +19,7 @@ import {
 import { PrometheusSerializer } from "npm:@opentelemetry/exporter-prometheus@^0.301.0";
 import { assert, assertEquals } from "./_assert.ts";
 import { LeaderLock } from "../mod.ts";
-import { startPostgres, type TestPostgres } from "../testing.ts";
+import { startPostgres } from "../testing.ts";
 import { LockMetrics } from "../src/cli/_metrics.ts";
 import {
   ACQUIRE_SPAN,
