@@ -21,10 +21,14 @@ export function withResolvers<T>(): PromiseWithResolvers<T> {
   return { promise, resolve, reject };
 }
 
-/** `ErrorEvent` where the runtime has it (Deno), else a minimal equivalent (Node.js). */
-export const ErrorEventBase: typeof ErrorEvent = (globalThis as { ErrorEvent?: typeof ErrorEvent })
-  .ErrorEvent ??
-  (class extends Event {
+/**
+ * Defines a minimal global `ErrorEvent` (message, error) where the runtime lacks one (Node.js
+ * 20, for one), so that the library's error event can extend it; the runtime's own is never
+ * replaced.
+ */
+export function ensureErrorEvent(): void {
+  const global = globalThis as { ErrorEvent?: typeof ErrorEvent };
+  global.ErrorEvent ??= class ErrorEvent extends Event {
     readonly message: string;
     readonly error: unknown;
     readonly filename = "";
@@ -35,4 +39,5 @@ export const ErrorEventBase: typeof ErrorEvent = (globalThis as { ErrorEvent?: t
       this.message = init.message ?? "";
       this.error = init.error;
     }
-  } as unknown as typeof ErrorEvent);
+  } as unknown as typeof ErrorEvent;
+}

@@ -3,8 +3,8 @@
  *
  * @module
  */
+import { ensureErrorEvent } from "./_compat.ts";
 import type { PgLeaderLockError } from "./errors.ts";
-import { ErrorEventBase } from "./_compat.ts";
 import type { LockState } from "./state.ts";
 import type { Term } from "./term.ts";
 
@@ -164,13 +164,16 @@ export class StateChangeEvent extends Event {
   }
 }
 
+// Node.js 20 has no ErrorEvent: a minimal one is defined there before the class below extends it.
+ensureErrorEvent();
+
 /**
  * Dispatched for a failure that did not stop the lock by itself (a failed connection attempt, a
  * listener that threw, a retry strategy that returned nonsense) and for the one that did (retries
  * exhausted, a configuration that cannot work). Never thrown. An `ErrorEvent`, so that generic
  * error handlers read its `message`.
  */
-export class LeaderLockErrorEvent extends ErrorEventBase {
+export class LeaderLockErrorEvent extends ErrorEvent {
   /** The error: always a PgLeaderLockError (anything from below is its `cause`). */
   override readonly error: PgLeaderLockError;
   /** When the lock retries after this failure, in ms from now; `undefined` when it does not. */

@@ -329,7 +329,11 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
       const keys = freshKeys();
       const a = new LeaderLock(fastOptions(pg, keys));
       const errors: unknown[] = [];
-      a.addEventListener("error", (e: LeaderLockErrorEvent) => errors.push(e.error));
+      a.addEventListener("error", (e: LeaderLockErrorEvent) => {
+        // An ErrorEvent, so that generic handlers read its message.
+        assert(e instanceof ErrorEvent && e.message === e.error.message);
+        errors.push(e.error);
+      });
       a.addEventListener("acquired", () => {
         throw new Error("listener bug");
       });
