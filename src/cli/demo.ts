@@ -305,6 +305,7 @@ class Demo {
   async #terminate(leader: Candidate): Promise<Omit<Row, "fault">> {
     const backendPid = Number(this.#last(leader, "acquired")?.backendPid);
     this.say(`${leader.name}: pg_terminate_backend(${backendPid})`);
+    const sentAt = now();
     // The server's clock (this machine's) at the termination, not before connecting to it.
     const [result] = await this.#server!.query(
       `SELECT pg_terminate_backend($1) AS ok,
@@ -312,8 +313,10 @@ class Demo {
       [backendPid],
     );
     const at = Number(result?.at);
-    const next = await this.#nextLeader(leader, at);
-    const end = await this.#leaderEnd(leader, at);
+    // The old leader can log its end before this query returns, even within the millisecond of
+    // `at` (log times are whole milliseconds): look for events from the sending on.
+    const next = await this.#nextLeader(leader, sentAt);
+    const end = await this.#leaderEnd(leader, sentAt);
     return this.#row(leader, next, at, end);
   }
 
@@ -377,7 +380,8 @@ class Demo {
     at: number,
   ): Promise<{ candidate: Candidate; start: number }> {
     const { candidate, event } = await this.#waitFor(
-      (_, e) => e.at >= at && e.event === "statechange" && e.to === "leader",
+      // Log times are whole milliseconds.
+      (_, e) => e.at >= Math.floor(at) && e.event === "statechange" && e.to === "leader",
       `a new leader after ${old.name}`,
     );
     return { candidate, start: event.at };
@@ -386,7 +390,8 @@ class Demo {
   /** When `leader` stopped counting itself leader after `at` (its state left `leader`). */
   async #leaderEnd(leader: Candidate, at: number): Promise<number> {
     const { event } = await this.#waitFor(
-      (c, e) => c === leader && e.at >= at && e.event === "statechange" && e.from === "leader",
+      (c, e) =>
+        c === leader && e.at >= Math.floor(at) && e.event === "statechange" && e.from === "leader",
       `${leader.name} to leave the leader state`,
     );
     return event.at;
