@@ -122,11 +122,15 @@ async function main(args: string[]): Promise<void> {
     } finally {
       signal.removeEventListener("abort", destroy);
     }
-    const query = client.query.bind(client);
-    client.query = (async (text: string, values?: unknown[]) => {
+    const query = client.query.bind(client) as (...args: unknown[]) => Promise<unknown>;
+    client.query = (async (...args: unknown[]) => {
       const sent = now();
-      const result = await query(text, values);
+      const result = await query(...args);
       const returned = now();
+      // A string, or a named prepared statement's config ({ name, text, values }).
+      const text = typeof args[0] === "string"
+        ? args[0]
+        : (args[0] as { text?: string })?.text ?? "";
       lastOk = { sent, returned };
       // Told apart by the PostgreSQL functions they call, whatever else the protocol's text says.
       const kind = statementKind(text);
