@@ -83,7 +83,7 @@ export interface StatementTime {
   /** acquire (try or wait), unlock, check, or bare (the floor's waiter). */
   readonly kind: string;
   readonly calls: number;
-  /** Mean planning time (ms): a statement sent with its text is planned at every call. */
+  /** Mean planning time (ms) per plan made (prepared statements are not planned at every call). */
   readonly meanPlanMs: number;
   /** Mean execution time (ms); for a waiting acquisition this includes the wait. */
   readonly meanExecMs: number;
@@ -703,7 +703,9 @@ function statementSection(results: Results): string[] {
   const lines = [
     "",
     "Server time per statement over the floor and wait-mode sections (pg_stat_statements, means):",
-    "a statement sent with its text is planned at every call, before it runs; a waiting",
+    "planning is the mean per plan made (the library's statements are named prepared statements:",
+    "PostgreSQL plans one afresh for each of a session's first five runs, then may reuse a generic",
+    "plan); a waiting",
     "acquisition's execution includes its wait, a try's is what a grant statement does besides",
     "waiting (token, release-marker check, lease).",
     "",
