@@ -54,7 +54,11 @@ import { canTransition, type LockState } from "./state.ts";
 import { LeaderTerm, type Term } from "./term.ts";
 
 type Phase =
-  | { readonly kind: "connect" }
+  | {
+    readonly kind: "connect";
+    /** Wait this long first: a leader that lost its session leaves the moment to its successor. */
+    readonly delayMs?: number;
+  }
   | {
     readonly kind: "acquire";
     /** Skip the first try-lock: queue behind the waiting followers (after a step-down). */
@@ -299,7 +303,7 @@ export class Election {
         if (this.#stopping && phase.kind !== "lead") break;
         switch (phase.kind) {
           case "connect":
-            phase = await this.#connectPhase();
+            phase = await this.#connectPhase(phase.delayMs ?? 0);
             break;
           case "acquire":
             phase = await this.#acquirePhase(phase);
@@ -333,8 +337,12 @@ export class Election {
 
   // --- phases -----------------------------------------------------------------------------
 
-  async #connectPhase(): Promise<Phase> {
+  async #connectPhase(delayMs: number): Promise<Phase> {
     this.#setState("follower");
+    if (delayMs > 0) {
+      await sleep(delayMs, [this.#stop.signal]);
+      if (this.#stopping) return DONE;
+    }
     for (;;) {
       try {
         await this.#openSession(this.#stop.signal);
@@ -603,7 +611,14 @@ export class Election {
         deadline: this.#clock() + reconnectGraceMs,
       };
     }
-    return this.#afterTerm(new LostEvent(reason, token, lockError));
+    // The lock went to the first waiter when the session ended: reconnecting at once would only
+    // load the server (a fork, the session's setup, a try-lock) while the successor's grant
+    // statement runs. Stay away for settleMs, which the successor waits anyway.
+    return this.#afterTerm(
+      new LostEvent(reason, token, lockError),
+      "follower",
+      this.#config.settleMs,
+    );
   }
 
   async #reconnectPhase(phase: Extract<Phase, { kind: "reconnect" }>): Promise<Phase> {
@@ -647,10 +662,11 @@ export class Election {
    * After a term ended without a release: follower (and connect again) or stopped, then the event
    * that says why. The one place that decides whether the election goes on.
    */
-  #afterTerm(event: LostEvent, competing: LockState = "follower"): Phase {
+  #afterTerm(event: LostEvent, competing: LockState = "follower", delayMs = 0): Phase {
     const again = this.#competesAgain();
     this.#setState(again ? competing : "stopped", [event]);
-    return again ? CONNECT : DONE;
+    if (!again) return DONE;
+    return delayMs > 0 ? { kind: "connect", delayMs } : CONNECT;
   }
 
   /** A leader asked to release stops counting itself leader at once: the unlock follows. */

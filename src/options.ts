@@ -105,7 +105,8 @@ export interface LeaderLockOptions extends ConnectionOptions {
    * holder did not hand the lock over: a holder whose backend was just killed learns it from its
    * socket, about when (and sometimes after) the new holder learns of the grant, and must stop
    * claiming first. Skipped after a handover (the previous holder's `stepDown()` or shutdown seen in
-   * pg_stat_activity, from a session of the same role). Less than half of `leaseMs`.
+   * pg_stat_activity, from a session of the same role). Less than half of `leaseMs`. A leader whose
+   * session ended also waits this long before it reconnects, leaving the server to its successor.
    *
    * @default {10}
    */

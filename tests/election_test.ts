@@ -99,8 +99,12 @@ function harness(
   };
 }
 
+/** Polls `predicate` until it holds, for up to 10 s of real time (a loaded machine is slow). */
 async function until(predicate: () => boolean): Promise<void> {
-  for (let i = 0; i < 500 && !predicate(); i++) await new Promise((r) => setTimeout(r, 2));
+  const deadline = performance.now() + 10_000;
+  while (!predicate() && performance.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 2));
+  }
   assert(predicate(), "condition never held");
 }
 
@@ -294,6 +298,33 @@ Deno.test("a lock regained within the reconnect grace is announced only after se
   const ms = performance.now() - lostAt;
   assert(ms >= 40, `regained and announced ${ms.toFixed(1)} ms after the loss, within the settle`);
   assertEquals(events.filter((e) => e.startsWith("lost")), []);
+  await election.stop(1000);
+  await running;
+});
+
+Deno.test("a leader whose session ended reconnects only after settleMs, leaving the moment to its successor", async () => {
+  const first = new FakeSession(soleHolder());
+  const second = new FakeSession(soleHolder());
+  const sessions = [first, second];
+  let reconnectedAt: number | undefined;
+  const { election, events } = harness(first, {
+    healthIntervalMs: 100_000,
+    leaseMs: 300_000,
+    settleMs: 40,
+    autoReacquire: true,
+    connect: () => {
+      if (sessions.length === 1) reconnectedAt = performance.now();
+      return Promise.resolve(sessions.shift()!);
+    },
+  });
+  const running = election.run();
+  await until(() => election.isLeader);
+  const lostAt = performance.now();
+  first.kill(new Error("terminating connection due to administrator command"));
+  await until(() => events.includes("lost session-ended"));
+  await until(() => reconnectedAt !== undefined);
+  const ms = reconnectedAt! - lostAt;
+  assert(ms >= 40, `reconnected ${ms.toFixed(1)} ms after the loss, within the successor's settle`);
   await election.stop(1000);
   await running;
 });
