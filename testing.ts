@@ -12,7 +12,7 @@
  * ```ts
  * import { startPostgres } from "@x/pgleaderlock/testing";
  * import assert from "node:assert/strict";
- * import pg from "pg";
+ * import pg from "npm:pg@^8.23.1";
  *
  * await using server = await startPostgres();
  * const client = new pg.Client({ connectionString: server.dsn, query_timeout: 200 });

@@ -333,7 +333,10 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
           if (ended || error instanceof LeadershipEndedError) return;
           this.dispatchEvent(
             new LeaderLockErrorEvent(
-              new PgLeaderLockError("The lead() work threw", { cause: error }),
+              new PgLeaderLockError(
+                `The lead() work threw: ${error instanceof Error ? error.message : String(error)}`,
+                { cause: error },
+              ),
             ),
           );
           if (!keepLeadingOnError && !term.signal.aborted) {

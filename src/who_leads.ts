@@ -137,7 +137,7 @@ export interface AdvisoryLockInfo {
   readonly key2: number;
   /** The session holding the lock, if any holds it. */
   readonly holder: SessionInfo | undefined;
-  /** The sessions waiting for it, longest-waiting first. */
+  /** The sessions waiting for it, in queue order (by the start of their current wait). */
   readonly waiters: readonly SessionInfo[];
 }
 
@@ -153,7 +153,10 @@ export interface SessionInfo {
   readonly clientAddr: string | undefined;
   /** When the session started (PostgreSQL does not record when an advisory lock was granted). */
   readonly sessionStartedAt: Date | undefined;
-  /** For a waiter: since when it waits (PostgreSQL 14+). */
+  /**
+   * For a waiter: when its current wait statement started (PostgreSQL 14+). A waiting LeaderLock
+   * queues again every wait window, so this is not when it began to compete.
+   */
   readonly waitingSince: Date | undefined;
 }
 

@@ -154,6 +154,7 @@ function print(logger: Logger, info: GroupInfo, shards: readonly number[] | unde
         shards: [...m.shards],
       })),
       foreign: info.foreign.map((f) => ({ key2: f.key2, pid: f.pid })),
+      outside: info.outside === undefined ? null : info.outside.map((o) => ({ ...o })),
     }, time);
     return;
   }
@@ -173,11 +174,14 @@ function print(logger: Logger, info: GroupInfo, shards: readonly number[] | unde
       shards: keyRanges(member.shards),
     }, time);
   }
-  if (info.unowned !== undefined && info.unowned.length > 0) {
+  if (info.unowned !== undefined) {
     logger.event("unowned", { count: info.unowned.length, shards: keyRanges(info.unowned) }, time);
   }
   for (const { key2, pid } of info.foreign) {
     logger.event("foreign", { key2, pid, message: "held by a session that is not a member" }, time);
+  }
+  for (const { key2, pid } of info.outside ?? []) {
+    logger.event("outside", { key2, pid, message: "a lock of key1 outside --shards" }, time);
   }
 }
 
@@ -230,7 +234,7 @@ function groupMetrics(
     },
     {
       name: "pgleaderlock_group_shards_held",
-      help: "Shards of the group's key1 held by any session.",
+      help: "Shards of the group (those of --shards when given) held by any session.",
       type: "gauge",
       samples: info === undefined ? [] : [{ labels: group, value: info.held }],
     },
@@ -242,9 +246,15 @@ function groupMetrics(
     },
     {
       name: "pgleaderlock_group_shards_foreign",
-      help: "Shards of the group's key1 held by sessions that are not members.",
+      help: "Shards of the group held by sessions that are not members.",
       type: "gauge",
       samples: info === undefined ? [] : [{ labels: group, value: info.foreign.length }],
+    },
+    {
+      name: "pgleaderlock_group_locks_outside",
+      help: "Two-int advisory locks of the group's key1 held outside --shards.",
+      type: "gauge",
+      samples: info?.outside === undefined ? [] : [{ labels: group, value: info.outside.length }],
     },
   ];
 }

@@ -37,8 +37,9 @@ export const STATUS_HELP =
 
 Shows every advisory lock of the database (or only the one named): the holder's backend pid,
 its identity (application_name), its client address and session start when visible, since when
-it leads when known, and the candidates waiting in the lock's queue, one line each, longest
-waiting first. As a plain role, other roles' client addresses and session start times are
+it leads when known, and the candidates waiting in the lock's queue, one line each, in queue
+order ('waiting-since' is when the waiter's current wait statement started: a waiting LeaderLock
+queues again every wait window, 5 s by default). As a plain role, other roles' client addresses and session start times are
 hidden by PostgreSQL and left out.
 
 PostgreSQL does not record when an advisory lock was granted: 'leading-since' is known only

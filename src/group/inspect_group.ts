@@ -47,12 +47,22 @@ export interface GroupInfo {
   /** The live members, by member id. */
   readonly members: readonly GroupMemberInfo[];
   /**
-   * Shards (key2) of this key1 held by sessions that are not members of the group, with the
-   * holder's backend pid: another program using the same keys, which the members cannot take.
+   * Shards held by sessions that are not members of the group, with the holder's backend pid:
+   * another program using the same keys, which the members cannot take. With
+   * {@linkcode InspectGroupOptions.shards}, only those shards; else every two-int lock of key1.
    */
   readonly foreign: readonly { readonly key2: number; readonly pid: number }[];
-  /** How many shards are held, by members or not. */
+  /**
+   * How many shards are held, by members or not (with {@linkcode InspectGroupOptions.shards},
+   * only those shards count).
+   */
   readonly held: number;
+  /**
+   * Two-int locks of key1 held outside the shards given as {@linkcode InspectGroupOptions.shards}
+   * (key2 and holder pid): a member given another shard list, or another program; undefined
+   * when the shards were not given.
+   */
+  readonly outside: readonly { readonly key2: number; readonly pid: number }[] | undefined;
   /**
    * The shards nobody holds (key2, ascending), among those given as
    * {@linkcode InspectGroupOptions.shards}; undefined when they were not given.
@@ -99,15 +109,17 @@ export async function inspectGroup(options: InspectGroupOptions): Promise<GroupI
   try {
     const { members, holders } = await inspect(session, key1);
     const memberPids = new Set(members.map((m) => m.pid));
-    const foreign = [...holders]
-      .filter(([, pid]) => !memberPids.has(pid))
-      .map(([key2, pid]) => ({ key2, pid }))
-      .sort((a, b) => a.key2 - b.key2);
+    const given = shards === undefined ? undefined : new Set(shards);
+    const locks = [...holders].map(([key2, pid]) => ({ key2, pid })).sort((a, b) =>
+      a.key2 - b.key2
+    );
+    const inGroup = given === undefined ? locks : locks.filter((l) => given.has(l.key2));
     return {
       key1,
       members,
-      foreign,
-      held: holders.size,
+      foreign: inGroup.filter((l) => !memberPids.has(l.pid)),
+      held: inGroup.length,
+      outside: given === undefined ? undefined : locks.filter((l) => !given.has(l.key2)),
       unowned: shards?.filter((key2) => !holders.has(key2)),
     };
   } catch (error) {

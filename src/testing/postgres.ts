@@ -96,7 +96,7 @@ export interface DsnOptions {
  * ```ts
  * import { startPostgres } from "@x/pgleaderlock/testing";
  * import assert from "node:assert/strict";
- * import pg from "pg";
+ * import pg from "npm:pg@^8.23.1";
  *
  * await using server = await startPostgres();
  * const client = new pg.Client({ connectionString: server.dsn });

@@ -30,7 +30,7 @@ export type ProxyMode = "pass" | "blackhole" | "drop";
  * ```ts
  * import { startPostgres, startTcpProxy } from "@x/pgleaderlock/testing";
  * import assert from "node:assert/strict";
- * import pg from "pg";
+ * import pg from "npm:pg@^8.23.1";
  *
  * await using server = await startPostgres();
  * await using proxy = await startTcpProxy(server);
@@ -100,7 +100,7 @@ const HIGH_WATER_BYTES = 1 << 20;
  * ```ts
  * import { startPostgres, startTcpProxy } from "@x/pgleaderlock/testing";
  * import assert from "node:assert/strict";
- * import pg from "pg";
+ * import pg from "npm:pg@^8.23.1";
  *
  * await using server = await startPostgres();
  * await using proxy = await startTcpProxy(server);

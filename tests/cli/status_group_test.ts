@@ -19,6 +19,7 @@ interface GroupJson {
     shards: number[];
   }[];
   foreign: { key2: number; pid: number }[];
+  outside: { key2: number; pid: number }[] | null;
 }
 
 /** Two members of group `key1` over `shards` shards, once each leads half. */
@@ -78,8 +79,10 @@ Deno.test("status --group shows each member's shards, the unowned ones and forei
         "what the server shows is what each member says it leads",
       );
       deepEqual(snapshot!.unowned, []);
-      deepEqual(snapshot!.foreign, [{ key2: 9, pid: foreignPid }]);
-      equal(snapshot!.held, 9);
+      // key2 = 9 is not one of the 8 shards: outside the group, not a foreign holder of a shard.
+      deepEqual(snapshot!.foreign, []);
+      deepEqual(snapshot!.outside, [{ key2: 9, pid: foreignPid }]);
+      equal(snapshot!.held, 8);
     }
     // Ten shards named: 8 and 9 have no member holder, 8 none at all: exit 3.
     {
@@ -99,6 +102,7 @@ Deno.test("status --group shows each member's shards, the unowned ones and forei
       match(text, /member member-id=\d+ pid=\d+ identity=alpha leads=4 shards=[\d,-]+\n/);
       match(text, /unowned count=1 shards=8\n/);
       match(text, new RegExp(`foreign key2=9 pid=${foreignPid} `));
+      ok(!/ outside /.test(text), text);
     }
   } finally {
     await foreign.end();
@@ -141,6 +145,7 @@ Deno.test("status --group --watch --http serves the group's balance on /metrics 
   );
   match(first, /^pgleaderlock_group_shards_unowned\{key1="7302"\} 0$/m);
   match(first, /^pgleaderlock_group_shards\{key1="7302"\} 4$/m);
+  match(first, /^pgleaderlock_group_locks_outside\{key1="7302"\} 0$/m);
   const health = await fetch(`${url}/healthz`);
   equal(health.status, 200);
   await health.body?.cancel();
