@@ -40,9 +40,15 @@ export class MissingPermissionError extends Error {
     for (const need of missing) {
       byWhy.set(need.why, (byWhy.get(need.why) ?? new Set()).add(need.flag));
     }
+    // Then one entry per set of flags: "--allow-run (to run 'x', and to start the watchdog)".
+    const byFlags = new Map<string, string[]>();
+    for (const [why, wanted] of byWhy) {
+      const key = [...wanted].join(", ");
+      byFlags.set(key, [...(byFlags.get(key) ?? []), why]);
+    }
     super(
       `missing permission: ${
-        [...byWhy].map(([why, wanted]) => `${[...wanted].join(", ")} (${why})`).join("; ")
+        [...byFlags].map(([wanted, whys]) => `${wanted} (${whys.join(", and ")})`).join("; ")
       }. Run it with ${flags.join(" ")} as well (the README's install line grants what run, ` +
         `exec and status need).`,
     );

@@ -279,7 +279,11 @@ Deno.test("exec without --allow-run exits 77 at once, without competing", async 
     { permissions: RUN_PERMISSIONS, env: { PG_DSN: pg.dsn } },
   );
   equal((await a.status).code, 77);
-  match(a.stderrText(), /^pgleaderlock exec: missing permission: --allow-run \(to run 'true'\)/);
+  // One entry for the flag, with both reasons.
+  match(
+    a.stderrText(),
+    /^pgleaderlock exec: missing permission: --allow-run \(to run 'true', and to start the watchdog [^;]*\)\. Run it/,
+  );
   equal(jsonLines(a.stderrText()).length, 0, "no event: it never started");
   equal(await sessionsOf(pg, "no-run"), 0);
 });
