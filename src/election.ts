@@ -451,6 +451,14 @@ export class Election {
       this.#throwIfLost();
       if (this.#stopping) return DONE; // closing the session releases the lock
     }
+    this.#throwIfLost();
+    if (!this.#lease.valid) {
+      // The answer came after the grant's acknowledgement window (this process or its network
+      // was stalled): the server has ended or is ending the session, and another may lead.
+      throw new PgLeaderLockError(
+        "The lock was granted, but its answer came after the grant's acknowledgement window",
+      );
+    }
     const token = acquisition.token!;
     this.#token = token;
     this.#attempts = 0;
@@ -459,7 +467,13 @@ export class Election {
     const term: CurrentTerm = {
       token,
       controller,
-      term: new LeaderTerm(token, regained, controller.signal, (fn) => this.fenced(token, fn)),
+      term: new LeaderTerm(
+        token,
+        regained,
+        controller.signal,
+        (fn) => this.fenced(token, fn),
+        (session) => this.#statements.renew(session),
+      ),
       timer: undefined,
     };
     this.#term = term;
@@ -586,7 +600,11 @@ export class Election {
       if (this.#stopping) return DONE;
       this.#throwIfLost();
     }
-    return { kind: "acquire", queueOnly: true, marked: true };
+    // Without a yield, the wait statement replaces the unlock in pg_stat_activity: it carries the
+    // release marker so that the new holder still sees it. After a yield the idle session showed
+    // the unlock meanwhile, and a fresh marker would only make a later takeover (this queue's
+    // holder killed within the marker's 50 ms) skip its settle.
+    return { kind: "acquire", queueOnly: true, marked: this.#yieldMs === 0 };
   }
 
   #lose(reason: LostReason, error: unknown): Phase {
@@ -705,15 +723,25 @@ export class Election {
    */
   async fenced<T>(token: bigint, fn: (session: LockSession) => Promise<T>): Promise<T> {
     this.#assertTerm(token);
+    const termSignal = this.#term!.controller.signal;
     return await this.#exclusive(async () => {
       this.#assertTerm(token);
       const sentAt = this.#clock();
       const result = await fn(this.#session!);
       if (this.#term?.token === token && this.#state === "leader") {
-        this.#lease.renew(sentAt);
+        // The server's idle timeout restarts after every statement, at what is armed: the grant's
+        // short window until the first ownership check re-armed the full lease.
+        if (this.#acknowledged) this.#lease.renew(sentAt);
+        else this.#lease.extend(sentAt, ackWindowMs(this.#config.leaseMs));
         this.#armTermTimer();
       }
       return result;
+    }, termSignal).catch((error) => {
+      // The session changed or the term ended while this waited for its turn.
+      if (error instanceof SessionLost || error === termSignal.reason) {
+        throw this.#endedTerms.get(token) ?? new LeadershipEndedError("session-ended", token);
+      }
+      throw error;
     });
   }
 
@@ -729,13 +757,25 @@ export class Election {
       new LeadershipEndedError("released", token);
   }
 
-  /** Runs `fn` alone on the session: the protocol's statements and user statements take turns. */
-  async #exclusive<T>(fn: () => Promise<T>): Promise<T> {
+  /**
+   * Runs `fn` alone on the session: the protocol's statements and user statements take turns.
+   * Refused (SessionLost) when the session changed while it waited; `signal` gives up the wait
+   * (a fenced call whose term ended), leaving its place in the queue to the next.
+   */
+  async #exclusive<T>(fn: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    const session = this.#session;
     const previous = this.#sessionQueue;
     const turn = withResolvers<void>();
     this.#sessionQueue = turn.promise;
-    await previous;
     try {
+      if (signal === undefined) await previous;
+      else if ((await untilAborted(previous, signal)) === ABORTED) throw signal.reason;
+    } catch (error) {
+      previous.then(() => turn.resolve());
+      throw error;
+    }
+    try {
+      if (this.#session !== session || session?.isEnded) throw new SessionLost(undefined);
       return await fn();
     } finally {
       turn.resolve();
@@ -817,6 +857,9 @@ export class Election {
         lost.abort();
       });
       this.#session = session;
+      // A new session starts with no turn pending: nothing a dead session's user code still holds
+      // can block its statements.
+      this.#sessionQueue = Promise.resolve();
       this.#facts = facts;
       this.#sessionLost = lost.signal;
     } catch (error) {

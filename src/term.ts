@@ -40,18 +40,27 @@ export interface Term {
    * session gone. Refused once the term has ended or its lease ran out (a process that wakes from
    * a pause finds it refused). Statements take turns with the lock's health checks; each one
    * that succeeds also proves ownership and renews the lease. A failing statement ends the term
-   * only if the session died. Bounded by the lease (`statement_timeout`).
+   * only if the session died. Bounded by the lease (`statement_timeout`). Refused (a rejected
+   * promise): transaction control (use {@linkcode Term.transaction}), `DISCARD`, `RESET`,
+   * `DEALLOCATE`, `SET ROLE` / `SET SESSION AUTHORIZATION`, and any statement naming
+   * `pg_advisory_unlock`, `pg_advisory_unlock_all`, `idle_session_timeout` or
+   * `idle_in_transaction_session_timeout`; and any call while a transaction of the term runs.
    *
    * @param sql The SQL, with `$n` placeholders.
    * @param params The parameters.
    * @returns The rows.
    * @throws {LeadershipEndedError} When the term is over before the statement could be sent.
+   * @throws {RangeError} For a refused statement.
+   * @throws {TypeError} When `sql` is not a non-empty string, or a transaction of the term runs.
    */
   query(sql: string, params?: readonly unknown[]): Promise<Row[]>;
   /**
    * Runs `work` in a transaction on the lock's own session: it commits only if the term is still
-   * current when `work` returns, and while the session holds the lock. It rolls back when `work`
-   * throws, a statement failed, or the term ended.
+   * current when `work` returns, and while the session holds the lock: an ownership check runs
+   * inside the transaction right before its COMMIT. It rolls back when `work` throws, a statement
+   * failed, the check failed, or the term ended. While it runs it holds the lock's session: run
+   * its statements through `tx.query()` (same refusals as {@linkcode Term.query}); `term.query()`
+   * and another `term.transaction()` are refused until it ends.
    *
    * @param work The transaction's statements.
    * @returns What `work` returns.
@@ -63,6 +72,9 @@ export interface Term {
 /** How a term reaches its session: the election's fenced runner for this term's token. */
 export type FencedRunner = <T>(fn: (session: LockSession) => Promise<T>) => Promise<T>;
 
+/** Whether the session still holds the lock (the ownership check), run inside a transaction. */
+export type OwnershipCheck = (session: LockSession) => Promise<boolean>;
+
 /** The {@linkcode Term} the election hands out. */
 export class LeaderTerm implements Term {
   /** See {@linkcode Term.fencingToken}. */
@@ -72,6 +84,9 @@ export class LeaderTerm implements Term {
   /** See {@linkcode Term.signal}. */
   readonly signal: AbortSignal;
   readonly #fenced: FencedRunner;
+  readonly #holds: OwnershipCheck;
+  /** Whether a transaction of this term holds the session. */
+  #inTransaction = false;
 
   /**
    * Creates a term.
@@ -80,28 +95,64 @@ export class LeaderTerm implements Term {
    * @param regained Whether it follows a reconnect.
    * @param signal Aborted when it ends.
    * @param fenced Runs a function on the term's session while the term is current.
+   * @param holds The ownership check a transaction runs before it commits.
    */
-  constructor(fencingToken: bigint, regained: boolean, signal: AbortSignal, fenced: FencedRunner) {
+  constructor(
+    fencingToken: bigint,
+    regained: boolean,
+    signal: AbortSignal,
+    fenced: FencedRunner,
+    holds: OwnershipCheck,
+  ) {
     this.fencingToken = fencingToken;
     this.regained = regained;
     this.signal = signal;
     this.#fenced = fenced;
+    this.#holds = holds;
   }
 
   /** See {@linkcode Term.query}. */
-  query(sql: string, params: readonly unknown[] = []): Promise<Row[]> {
+  async query(sql: string, params: readonly unknown[] = []): Promise<Row[]> {
     checkSql(sql, "query");
-    return this.#fenced((session) => session.query(sql, params));
+    this.#refuseDuringTransaction("query");
+    return await this.#fenced((session) => session.query(sql, params));
+  }
+
+  /**
+   * A transaction holds the session until it ends: another statement of the term would wait for
+   * it, and one awaited inside it would wait forever.
+   */
+  #refuseDuringTransaction(method: string): void {
+    if (this.#inTransaction) {
+      throw new TypeError(
+        `Cannot call Term.${method}() while Term.transaction() runs: it holds the lock's session until it ends; run the statement through the transaction's tx.query()`,
+      );
+    }
   }
 
   /** See {@linkcode Term.transaction}. */
-  transaction<T>(work: (tx: TermTransaction) => Promise<T>): Promise<T> {
+  async transaction<T>(work: (tx: TermTransaction) => Promise<T>): Promise<T> {
     if (typeof work !== "function") {
       throw new TypeError(
         `Cannot call Term.transaction() as 'work' must be a function: current value is ${typeof work}`,
       );
     }
-    return this.#fenced(async (session) => {
+    this.#refuseDuringTransaction("transaction");
+    return await this.#fenced(async (session) => {
+      this.#inTransaction = true;
+      try {
+        return await this.#transaction(session, work);
+      } finally {
+        this.#inTransaction = false;
+      }
+    });
+  }
+
+  async #transaction<T>(
+    session: LockSession,
+    work: (tx: TermTransaction) => Promise<T>,
+  ): Promise<T> {
+    {
       await session.query("BEGIN");
       let failed: unknown;
       const tx: TermTransaction = {
@@ -125,15 +176,33 @@ export class LeaderTerm implements Term {
             cause: failed,
           });
         }
+        // The commit's fence: the session must hold the lock now, whatever the transaction's own
+        // statements did (pg_advisory_unlock_all() included).
+        if (!(await this.#holds(session))) {
+          throw new Error(
+            "The lock's session no longer held the lock: the transaction was rolled back",
+          );
+        }
+        this.signal.throwIfAborted();
         await session.query("COMMIT");
         return result;
       } catch (error) {
         if (!session.isEnded) await session.query("ROLLBACK").catch(() => {});
         throw error;
       }
-    });
+    }
   }
 }
+
+/**
+ * Statements that would end the fence from inside it: transaction control (the term manages the
+ * transaction), session resets and role changes, and deallocating the protocol's statements.
+ */
+const REFUSED_START =
+  /^(?:\s|--[^\n]*\n|\/\*[\s\S]*?\*\/)*(begin|start|commit|end|rollback|abort|savepoint|release|prepare\s+transaction|discard|reset|deallocate|set\s+(?:session\s+)?(?:role|session\s+authorization))\b/i;
+/** Anywhere in a statement: unlocking advisory locks, or changing the lease's timeouts. */
+const REFUSED_ANYWHERE =
+  /\b(pg_advisory_unlock(?:_all)?|idle_session_timeout|idle_in_transaction_session_timeout)\b/i;
 
 function checkSql(sql: unknown, method: string): void {
   if (typeof sql !== "string" || sql.trim() === "") {
@@ -141,6 +210,12 @@ function checkSql(sql: unknown, method: string): void {
       `Cannot call Term.${method}() as 'sql' must be a non-empty string: current value is ${
         typeof sql === "string" ? JSON.stringify(sql) : typeof sql
       }`,
+    );
+  }
+  const refused = REFUSED_START.exec(sql)?.[1] ?? REFUSED_ANYWHERE.exec(sql)?.[1];
+  if (refused !== undefined) {
+    throw new RangeError(
+      `Cannot call Term.${method}() with a statement that uses '${refused}': on the lock's own session it would end or weaken the fence (use Term.transaction() for transactions)`,
     );
   }
 }

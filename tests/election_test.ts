@@ -263,6 +263,10 @@ Deno.test("stepDown() ends the claim at once, even while a health check is in fl
   const { election, events, advance } = harness(session);
   const running = election.run();
   await until(() => election.isLeader);
+  // The term's first check (the grant's acknowledgement) answered; moving the clock before it
+  // was sent would only move the next check's due time along.
+  await until(() => acknowledged > 0);
+  await new Promise((r) => setTimeout(r, 5));
   advance(60); // past the 50 ms health interval: the next wake-up sends a check
   await until(() => answerCheck !== undefined);
   const stepping = election.stepDown(1000);
@@ -325,6 +329,63 @@ Deno.test("a leader whose session ended reconnects only after settleMs, leaving 
   await until(() => reconnectedAt !== undefined);
   const ms = reconnectedAt! - lostAt;
   assert(ms >= 40, `reconnected ${ms.toFixed(1)} ms after the loss, within the successor's settle`);
+  await election.stop(1000);
+  await running;
+});
+
+Deno.test("a handed-over grant answered after its acknowledgement window is never announced", async () => {
+  const base = soleHolder();
+  let answerTry: ((rows: Row[]) => void) | undefined;
+  const session = new FakeSession((name) =>
+    name === "try_lock" && answerTry === undefined
+      ? new Promise<Row[]>((resolve) => answerTry = resolve)
+      : base(name)
+  );
+  const { election, events, advance } = harness(session, {
+    healthIntervalMs: 1000,
+    leaseMs: 3000,
+  });
+  const running = election.run();
+  await until(() => answerTry !== undefined);
+  // The process (or its network) stalls past the window (1 s here) before the answer arrives.
+  advance(5000);
+  answerTry!([{ ok: true, token: "101", handed_over: true, waited_ms: 0 }]);
+  await until(() => events.some((e) => e.startsWith("error")));
+  assertEquals(events.filter((e) => e.startsWith("acquired")), []);
+  assertEquals(election.isLeader, false);
+  await election.stop(1000);
+  await running;
+});
+
+Deno.test("a fenced statement before the first ownership check extends the lease only by the grant's window", async () => {
+  const base = soleHolder();
+  let checks = 0;
+  let answerFirstCheck: ((rows: Row[]) => void) | undefined;
+  const session = new FakeSession((name) => {
+    if (name === "try_lock") return [{ ok: true, token: "101", handed_over: true, waited_ms: 0 }];
+    if (name === "renew" && checks++ === 0) {
+      return new Promise<Row[]>((resolve) => answerFirstCheck = resolve);
+    }
+    if (name === "SELECT 1") return [{ one: 1 }];
+    return base(name);
+  });
+  let query: Promise<unknown> | undefined;
+  const config = testConfig({
+    connect: () => Promise.resolve(session),
+    healthIntervalMs: 1000,
+    leaseMs: 30_000,
+  });
+  const election = new Election(config, (event) => {
+    // The lead() work's first statement, sent as the term is announced: before the first check.
+    if (event instanceof AcquiredEvent) query = event.term.query("SELECT 1");
+  }, () => 1000);
+  const running = election.run();
+  await until(() => query !== undefined);
+  await query;
+  // The server ends the session the grant's window (2 s) after that statement unless the check
+  // re-arms the full lease: the client must not count on 30 s.
+  assert(election.leaseRemainingMs <= 2000, `lease ${election.leaseRemainingMs} ms`);
+  answerFirstCheck!([{ held: true }]);
   await election.stop(1000);
   await running;
 });
