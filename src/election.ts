@@ -51,7 +51,7 @@ import {
 } from "./protocol.ts";
 import type { LockSession } from "./session.ts";
 import { canTransition, type LockState } from "./state.ts";
-import { LeaderTerm, type Term } from "./term.ts";
+import { LeaderTerm, NotHeldError, type Term } from "./term.ts";
 
 type Phase =
   | {
@@ -727,7 +727,14 @@ export class Election {
     return await this.#exclusive(async () => {
       this.#assertTerm(token);
       const sentAt = this.#clock();
-      const result = await fn(this.#session!);
+      let result: T;
+      try {
+        result = await fn(this.#session!);
+      } catch (error) {
+        // The session gave the lock up under a user statement: close it, which ends the term.
+        if (error instanceof NotHeldError) this.#destroySession();
+        throw error;
+      }
       if (this.#term?.token === token && this.#state === "leader") {
         // The server's idle timeout restarts after every statement, at what is armed: the grant's
         // short window until the first ownership check re-armed the full lease.

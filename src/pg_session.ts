@@ -21,9 +21,15 @@ export { sqlState };
  * A `PgClient` from npm:pg 8 satisfies it.
  */
 export interface PgClient {
-  /** Runs a statement: SQL text, or a named statement npm:pg prepares once per connection. */
+  /**
+   * Runs a statement: SQL text, a named statement npm:pg prepares once per connection, or text
+   * forced through the extended protocol (`queryMode: "extended"`, npm:pg 8.11+).
+   */
   query(
-    text: string | { name: string; text: string; values: unknown[] },
+    text:
+      | string
+      | { name: string; text: string; values: unknown[] }
+      | { text: string; values: unknown[]; queryMode: "extended" },
     values?: unknown[],
   ): Promise<{ rows: unknown[] }>;
   /** Ends the connection. */
@@ -99,14 +105,33 @@ export class PgSession implements LockSession {
   async query(statement: string | Statement, values: readonly unknown[] = []): Promise<Row[]> {
     // The protocol's statements are prepared once per session under their names: neither sent
     // as text nor planned again on the handover path.
-    const result = typeof statement === "string"
-      ? await this.#client.query(statement, values as unknown[])
-      : await this.#client.query({
+    let result;
+    try {
+      result = await this.#send(statement, values);
+    } catch (error) {
+      // A FATAL error (a terminated backend: 57P01) ends the session now. When a statement is in
+      // flight it arrives as that statement's error, and the server has already released the
+      // lock: waiting for the socket to close would leave this client claiming it meanwhile.
+      if (isFatal(error)) this.#finish(error);
+      throw error;
+    }
+    return result.rows as Row[];
+  }
+
+  #send(statement: string | Statement, values: readonly unknown[]): Promise<{ rows: unknown[] }> {
+    // Text (the user's fenced statements, BEGIN/COMMIT) always goes through the extended protocol:
+    // one statement per call, never "SELECT 1; BEGIN" smuggled past a check as a multi-statement.
+    return typeof statement === "string"
+      ? this.#client.query({
+        text: statement,
+        values: values as unknown[],
+        queryMode: "extended",
+      })
+      : this.#client.query({
         name: statement.name,
         text: statement.text,
         values: values as unknown[],
       });
-    return result.rows as Row[];
   }
 
   /** See {@linkcode LockSession.end}. */
@@ -140,6 +165,13 @@ export class PgSession implements LockSession {
     this.#ended = true;
     this.#resolveEnded(error);
   }
+}
+
+/** Whether a statement's error ends the session: severity FATAL or PANIC, or class 57P. */
+function isFatal(error: unknown): boolean {
+  const { severity, code } = (error ?? {}) as { severity?: unknown; code?: unknown };
+  return severity === "FATAL" || severity === "PANIC" ||
+    (typeof code === "string" && code.startsWith("57P"));
 }
 
 function isQueryable(client: PgClient): boolean {

@@ -5,6 +5,7 @@
  * @module
  */
 import type { Row } from "./protocol.ts";
+import { PgLeaderLockError } from "./errors.ts";
 import type { LockSession } from "./session.ts";
 
 /** Runs statements inside a fenced transaction ({@linkcode Term.transaction}). */
@@ -35,16 +36,18 @@ export interface Term {
    */
   readonly signal: AbortSignal;
   /**
-   * Runs one statement on the lock's own session, so that it can only take effect while that
-   * session holds the lock: a statement that reaches the server after the lock moved finds the
-   * session gone. Refused once the term has ended or its lease ran out (a process that wakes from
-   * a pause finds it refused). Statements take turns with the lock's health checks; each one
-   * that succeeds also proves ownership and renews the lease. A failing statement ends the term
-   * only if the session died. Bounded by the lease (`statement_timeout`). Refused (a rejected
+   * Runs one statement on the lock's own session, in a transaction of its own whose COMMIT is
+   * preceded by an ownership check, so that it takes effect only while that session holds the
+   * lock: a statement that reaches the server after the lock moved finds the session gone, and
+   * one that gives the lock up itself (a function or trigger calling `pg_advisory_unlock_all()`)
+   * is rolled back and ends the term. Refused once the term has ended or its lease ran out (a
+   * process that wakes from a pause finds it refused). Statements take turns with the lock's
+   * health checks; each one that succeeds also proves ownership and renews the lease. A failing
+   * statement ends the term only if the session died. Bounded by the lease
+   * (`statement_timeout`). One statement per call (the extended protocol). Refused (a rejected
    * promise): transaction control (use {@linkcode Term.transaction}), `DISCARD`, `RESET`,
-   * `DEALLOCATE`, `SET ROLE` / `SET SESSION AUTHORIZATION`, and any statement naming
-   * `pg_advisory_unlock`, `pg_advisory_unlock_all`, `idle_session_timeout` or
-   * `idle_in_transaction_session_timeout`; and any call while a transaction of the term runs.
+   * `DEALLOCATE`, `SET ROLE` / `SET SESSION AUTHORIZATION`, statements that cannot run in a
+   * transaction block (by PostgreSQL), and any call while a transaction of the term runs.
    *
    * @param sql The SQL, with `$n` placeholders.
    * @param params The parameters.
@@ -115,7 +118,16 @@ export class LeaderTerm implements Term {
   async query(sql: string, params: readonly unknown[] = []): Promise<Row[]> {
     checkSql(sql, "query");
     this.#refuseDuringTransaction("query");
-    return await this.#fenced((session) => session.query(sql, params));
+    // Its own transaction, with the ownership check before COMMIT: a statement that gives the lock
+    // up itself (a function, procedure or trigger calling pg_advisory_unlock_all()) rolls back.
+    return await this.#fenced(async (session) => {
+      this.#inTransaction = true;
+      try {
+        return await this.#transaction(session, (tx) => tx.query(sql, params));
+      } finally {
+        this.#inTransaction = false;
+      }
+    });
   }
 
   /**
@@ -179,7 +191,7 @@ export class LeaderTerm implements Term {
         // The commit's fence: the session must hold the lock now, whatever the transaction's own
         // statements did (pg_advisory_unlock_all() included).
         if (!(await this.#holds(session))) {
-          throw new Error(
+          throw new NotHeldError(
             "The lock's session no longer held the lock: the transaction was rolled back",
           );
         }
@@ -200,10 +212,6 @@ export class LeaderTerm implements Term {
  */
 const REFUSED_START =
   /^(?:\s|--[^\n]*\n|\/\*[\s\S]*?\*\/)*(begin|start|commit|end|rollback|abort|savepoint|release|prepare\s+transaction|discard|reset|deallocate|set\s+(?:session\s+)?(?:role|session\s+authorization))\b/i;
-/** Anywhere in a statement: unlocking advisory locks, or changing the lease's timeouts. */
-const REFUSED_ANYWHERE =
-  /\b(pg_advisory_unlock(?:_all)?|idle_session_timeout|idle_in_transaction_session_timeout)\b/i;
-
 function checkSql(sql: unknown, method: string): void {
   if (typeof sql !== "string" || sql.trim() === "") {
     throw new TypeError(
@@ -212,10 +220,26 @@ function checkSql(sql: unknown, method: string): void {
       }`,
     );
   }
-  const refused = REFUSED_START.exec(sql)?.[1] ?? REFUSED_ANYWHERE.exec(sql)?.[1];
+  const refused = REFUSED_START.exec(sql)?.[1];
   if (refused !== undefined) {
     throw new RangeError(
       `Cannot call Term.${method}() with a statement that uses '${refused}': on the lock's own session it would end or weaken the fence (use Term.transaction() for transactions)`,
     );
+  }
+}
+
+/**
+ * The ownership check before a fenced COMMIT failed: the session gave the lock up (the election
+ * closes it, which ends the term).
+ */
+export class NotHeldError extends PgLeaderLockError {
+  /**
+   * Creates the error.
+   *
+   * @param message What happened.
+   */
+  constructor(message: string) {
+    super(message);
+    this.name = "NotHeldError";
   }
 }

@@ -6,7 +6,7 @@
  */
 import { assert, assertEquals } from "./_assert.ts";
 import { fastOptions, freshKeys, holders, untilQueued } from "./_helpers.ts";
-import { LeaderLock } from "../mod.ts";
+import { LeaderLock, type Term } from "../mod.ts";
 import { startPostgres } from "../testing.ts";
 
 Deno.test("user statements through a term cannot break its fence or stall the election", async (t) => {
@@ -17,6 +17,12 @@ Deno.test("user statements through a term cannot break its fence or stall the el
   await pg.query(
     "CREATE FUNCTION give_up_locks() RETURNS void LANGUAGE sql AS 'SELECT pg_advisory_unlock_all()'",
   );
+  // A trigger that does the same, as a cleanup helper might.
+  await pg.query(`CREATE TABLE jobs (id int);
+    CREATE FUNCTION jobs_done() RETURNS trigger LANGUAGE plpgsql AS
+      'BEGIN PERFORM pg_advisory_unlock_all(); RETURN NEW; END';
+    CREATE TRIGGER jobs_done AFTER INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION jobs_done();
+    GRANT ALL ON jobs TO PUBLIC`);
 
   await t.step(
     "term.query() inside term.transaction() is refused at once, and the election goes on",
@@ -60,18 +66,24 @@ Deno.test("user statements through a term cannot break its fence or stall the el
         for (
           const sql of [
             "DISCARD ALL",
-            "SELECT pg_advisory_unlock_all()",
-            `SELECT pg_advisory_unlock(${keys.key1}, ${keys.key2})`,
             "/* a comment */ BEGIN",
             "commit",
-            "SET idle_session_timeout = 0",
             "RESET ALL",
+            "DEALLOCATE ALL",
             "SET ROLE postgres",
           ]
         ) {
           const error = await term.query(sql).then(() => undefined, (e) => e);
           assert(error instanceof RangeError, `${sql}: ${error}`);
         }
+        // Two statements in one call are refused by the server: statements go through the
+        // extended protocol, so a BEGIN cannot hide behind a harmless first statement.
+        const multi = await term.query("SELECT 1; BEGIN").then(() => undefined, (e) => e);
+        assert(multi instanceof Error, "a multi-statement call is refused");
+        const [activity] = await pg.query("SELECT state FROM pg_stat_activity WHERE pid = $1", [
+          a.backendPid,
+        ]);
+        assertEquals(activity?.state, "idle");
         const inTx = await term.transaction((tx) => tx.query("COMMIT")).then(
           () => undefined,
           (e) => e,
@@ -86,27 +98,46 @@ Deno.test("user statements through a term cannot break its fence or stall the el
     },
   );
 
-  await t.step(
-    "a transaction whose session gave the lock up midway is rolled back, not committed",
-    async () => {
+  for (
+    const [what, run] of [
+      [
+        "a transaction",
+        (term: Term) =>
+          term.transaction(async (tx) => {
+            await tx.query("INSERT INTO fenced_writes VALUES ('after-unlock')");
+            await tx.query("SELECT give_up_locks()");
+          }),
+      ],
+      ["a statement calling a function", (term: Term) => term.query("SELECT give_up_locks()")],
+      ["a statement firing a trigger", (term: Term) => term.query("INSERT INTO jobs VALUES (1)")],
+      ["a direct unlock", (term: Term) => term.query("SELECT pg_advisory_unlock_all()")],
+    ] as const
+  ) {
+    await t.step(`${what} that gives the lock up is rolled back and ends the term`, async () => {
+      await pg.query("TRUNCATE fenced_writes, jobs");
       const keys = freshKeys();
-      const a = new LeaderLock(fastOptions(pg, keys));
+      const a = new LeaderLock(fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15_000 }));
+      const b = new LeaderLock(fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15_000 }));
       try {
         await a.start();
         assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+        await b.start();
+        await untilQueued(pg, b);
         const term = a.term!;
-        const outcome = await term.transaction(async (tx) => {
-          await tx.query("INSERT INTO fenced_writes VALUES ('after-unlock')");
-          await tx.query("SELECT give_up_locks()");
-        }).then(() => "committed", (error: Error) => error.message);
+        const outcome = await run(term).then(() => "committed", (error: Error) => error.message);
         assert(/no longer held the lock/.test(outcome), outcome);
-        const rows = await pg.query(
-          "SELECT count(*)::int AS n FROM fenced_writes WHERE token = 'after-unlock'",
+        // Nothing it wrote committed, its term ended at once (not at the next health check, 5 s
+        // away), and b leads.
+        const written = await pg.query(
+          "SELECT (SELECT count(*) FROM fenced_writes)::int + (SELECT count(*) FROM jobs)::int AS n",
         );
-        assertEquals(rows[0]?.n, 0);
+        assertEquals(written[0]?.n, 0);
+        assert(await b.waitForLeadership({ timeoutMs: 5000 }), "b leads");
+        assert(term.signal.aborted, "a's term ended");
+        assert(!a.isLeader);
       } finally {
-        await a.shutdown();
+        await Promise.all([a.shutdown(), b.shutdown()]);
       }
-    },
-  );
+    });
+  }
 });
