@@ -401,7 +401,8 @@ export class Election {
     try {
       return await this.#attempt({ wait: true, marked });
     } catch (error) {
-      if (sqlState(error) !== LOCK_TIMEOUT_SQLSTATE) throw error;
+      // A timeout that ended the session (exit_on_error makes it FATAL) is a lost session.
+      if (sqlState(error) !== LOCK_TIMEOUT_SQLSTATE || error instanceof SessionLost) throw error;
       this.#connectSeries.reset();
       if (this.watchHolder) return await this.#attempt({ wait: false, marked: false });
       this.#emit(new AcquireFailedEvent(++this.#attempts));
