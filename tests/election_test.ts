@@ -363,10 +363,13 @@ Deno.test("a fenced statement before the first ownership check extends the lease
   let answerFirstCheck: ((rows: Row[]) => void) | undefined;
   const session = new FakeSession((name) => {
     if (name === "try_lock") return [{ ok: true, token: "101", handed_over: true, waited_ms: 0 }];
-    if (name === "renew" && checks++ === 0) {
+    // The first check is the one term.query() runs before its COMMIT; the protocol's own first
+    // ownership check, sent after it, never answers.
+    if (name === "renew" && checks++ === 1) {
       return new Promise<Row[]>((resolve) => answerFirstCheck = resolve);
     }
     if (name === "SELECT 1") return [{ one: 1 }];
+    if (name === "BEGIN" || name === "COMMIT" || name === "ROLLBACK") return [];
     return base(name);
   });
   let query: Promise<unknown> | undefined;
@@ -385,6 +388,7 @@ Deno.test("a fenced statement before the first ownership check extends the lease
   // The server ends the session the grant's window (2 s) after that statement unless the check
   // re-arms the full lease: the client must not count on 30 s.
   assert(election.leaseRemainingMs <= 2000, `lease ${election.leaseRemainingMs} ms`);
+  await until(() => answerFirstCheck !== undefined);
   answerFirstCheck!([{ held: true }]);
   await election.stop(1000);
   await running;
