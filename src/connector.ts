@@ -12,7 +12,7 @@ import {
   type PgClient,
   PgSession,
 } from "./pg_session.ts";
-import type { Connector, SessionConnector } from "./session.ts";
+import type { Connector, LockSession, SessionConnector } from "./session.ts";
 
 export type { Connector };
 
@@ -131,4 +131,39 @@ export function toConnectionError(error: unknown, target: string): ConnectionErr
     `Cannot connect to ${target}: ${detail}${code ? ` (SQLSTATE ${code})` : ""}`,
     { cause: error, code, permanent: isPermanentPgError(error) },
   );
+}
+
+/**
+ * Runs `read` on a short-lived session of its own (for tools that look without competing):
+ * connects, runs it, and ends the session. `signal` destroys the session and rejects with its
+ * reason.
+ *
+ * @param options `dsn` or `connect`.
+ * @param where The start of error messages.
+ * @param settings The session's settings.
+ * @param signal Aborts the connection and the read.
+ * @param read What to run.
+ * @returns What `read` returns.
+ */
+export async function withShortSession<T>(
+  options: ConnectionOptions,
+  where: string,
+  settings: Readonly<Record<string, string>>,
+  signal: AbortSignal,
+  read: (session: LockSession) => Promise<T>,
+): Promise<T> {
+  const { connect } = makeConnector(options, where, { keepAliveDelayMs: 1000 });
+  signal.throwIfAborted();
+  const session = await connect(signal, settings);
+  const onAbort = () => session.destroy();
+  signal.addEventListener("abort", onAbort, { once: true });
+  try {
+    return await read(session);
+  } catch (error) {
+    if (signal.aborted) throw signal.reason;
+    throw error;
+  } finally {
+    signal.removeEventListener("abort", onAbort);
+    await session.end(1000);
+  }
 }

@@ -120,14 +120,7 @@ export class LeaderTerm implements Term {
     this.#refuseDuringTransaction("query");
     // Its own transaction, with the ownership check before COMMIT: a statement that gives the lock
     // up itself (a function, procedure or trigger calling pg_advisory_unlock_all()) rolls back.
-    return await this.#fenced(async (session) => {
-      this.#inTransaction = true;
-      try {
-        return await this.#transaction(session, (tx) => tx.query(sql, params));
-      } finally {
-        this.#inTransaction = false;
-      }
-    });
+    return await this.#fencedTransaction((tx) => tx.query(sql, params));
   }
 
   /**
@@ -150,6 +143,11 @@ export class LeaderTerm implements Term {
       );
     }
     this.#refuseDuringTransaction("transaction");
+    return await this.#fencedTransaction(work);
+  }
+
+  /** Runs `work` in a transaction on the term's session, holding it (and the term) meanwhile. */
+  async #fencedTransaction<T>(work: (tx: TermTransaction) => Promise<T>): Promise<T> {
     return await this.#fenced(async (session) => {
       this.#inTransaction = true;
       try {
@@ -164,44 +162,42 @@ export class LeaderTerm implements Term {
     session: LockSession,
     work: (tx: TermTransaction) => Promise<T>,
   ): Promise<T> {
-    {
-      await session.query("BEGIN");
-      let failed: unknown;
-      const tx: TermTransaction = {
-        query: async (sql, params = []) => {
-          checkSql(sql, "transaction");
-          this.signal.throwIfAborted();
-          try {
-            return await session.query(sql, params);
-          } catch (error) {
-            failed ??= error;
-            throw error;
-          }
-        },
-      };
-      try {
-        const result = await work(tx);
-        // Never commit for a term that is over, nor a transaction PostgreSQL has aborted.
+    await session.query("BEGIN");
+    let failed: unknown;
+    const tx: TermTransaction = {
+      query: async (sql, params = []) => {
+        checkSql(sql, "transaction");
         this.signal.throwIfAborted();
-        if (failed !== undefined) {
-          throw new Error("A statement of the transaction failed: it was rolled back", {
-            cause: failed,
-          });
+        try {
+          return await session.query(sql, params);
+        } catch (error) {
+          failed ??= error;
+          throw error;
         }
-        // The commit's fence: the session must hold the lock now, whatever the transaction's own
-        // statements did (pg_advisory_unlock_all() included).
-        if (!(await this.#holds(session))) {
-          throw new NotHeldError(
-            "The lock's session no longer held the lock: the transaction was rolled back",
-          );
-        }
-        this.signal.throwIfAborted();
-        await session.query("COMMIT");
-        return result;
-      } catch (error) {
-        if (!session.isEnded) await session.query("ROLLBACK").catch(() => {});
-        throw error;
+      },
+    };
+    try {
+      const result = await work(tx);
+      // Never commit for a term that is over, nor a transaction PostgreSQL has aborted.
+      this.signal.throwIfAborted();
+      if (failed !== undefined) {
+        throw new Error("A statement of the transaction failed: it was rolled back", {
+          cause: failed,
+        });
       }
+      // The commit's fence: the session must hold the lock now, whatever the transaction's own
+      // statements did (pg_advisory_unlock_all() included).
+      if (!(await this.#holds(session))) {
+        throw new NotHeldError(
+          "The lock's session no longer held the lock: the transaction was rolled back",
+        );
+      }
+      this.signal.throwIfAborted();
+      await session.query("COMMIT");
+      return result;
+    } catch (error) {
+      if (!session.isEnded) await session.query("ROLLBACK").catch(() => {});
+      throw error;
     }
   }
 }

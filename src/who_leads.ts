@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { type ConnectionOptions, makeConnector } from "./connector.ts";
+import { type ConnectionOptions, withShortSession } from "./connector.ts";
 import type { Statement } from "./protocol.ts";
 import type { LockSession } from "./session.ts";
 
@@ -48,25 +48,16 @@ export async function inspectLocks(options: InspectLocksOptions = {}): Promise<A
       );
     }
   }
-  const { connect } = makeConnector(options, "Cannot inspect locks", { keepAliveDelayMs: 1000 });
-  signal.throwIfAborted();
+  const keys = key1 !== undefined && key2 !== undefined ? { key1, key2 } : undefined;
   // The search_path pin matters here too: LIST_LOCKS uses plain operators.
-  const session = await connect(signal, {
-    search_path: "pg_catalog, pg_temp",
-    statement_timeout: "0",
-  });
-  const onAbort = () => session.destroy();
-  signal.addEventListener("abort", onAbort, { once: true });
-  try {
-    const keys = key1 !== undefined && key2 !== undefined ? { key1, key2 } : undefined;
-    return await listAdvisoryLocks(session, keys);
-  } catch (error) {
-    if (signal.aborted) throw signal.reason;
-    throw error;
-  } finally {
-    signal.removeEventListener("abort", onAbort);
-    await session.end(1000);
-  }
+  const settings = { search_path: "pg_catalog, pg_temp", statement_timeout: "0" };
+  return await withShortSession(
+    options,
+    "Cannot inspect locks",
+    settings,
+    signal,
+    (session) => listAdvisoryLocks(session, keys),
+  );
 }
 
 /** Options of {@linkcode whoLeads}. */

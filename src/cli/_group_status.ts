@@ -153,8 +153,8 @@ function print(logger: Logger, info: GroupInfo, shards: readonly number[] | unde
         leads: m.shards.length,
         shards: [...m.shards],
       })),
-      foreign: info.foreign.map((f) => ({ key2: f.key2, pid: f.pid })),
-      outside: info.outside === undefined ? null : info.outside.map((o) => ({ ...o })),
+      foreign: info.foreign,
+      outside: info.outside ?? null,
     }, time);
     return;
   }

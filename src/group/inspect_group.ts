@@ -6,7 +6,7 @@
  * @module
  */
 import { checkInt32, describe } from "../_checks.ts";
-import { type ConnectionOptions, makeConnector } from "../connector.ts";
+import { type ConnectionOptions, withShortSession } from "../connector.ts";
 import { inspect } from "./protocol.ts";
 import { checkShards } from "./shards.ts";
 
@@ -101,32 +101,27 @@ export async function inspectGroup(options: InspectGroupOptions): Promise<GroupI
       `${WHERE} as 'signal' must be an AbortSignal: current value is ${describe(signal)}`,
     );
   }
-  const { connect } = makeConnector(options, WHERE, { keepAliveDelayMs: 1000 });
-  signal.throwIfAborted();
-  const session = await connect(signal, { statement_timeout: "0" });
-  const onAbort = () => session.destroy();
-  signal.addEventListener("abort", onAbort, { once: true });
-  try {
-    const { members, holders } = await inspect(session, key1);
-    const memberPids = new Set(members.map((m) => m.pid));
-    const given = shards === undefined ? undefined : new Set(shards);
-    const locks = [...holders].map(([key2, pid]) => ({ key2, pid })).sort((a, b) =>
-      a.key2 - b.key2
-    );
-    const inGroup = given === undefined ? locks : locks.filter((l) => given.has(l.key2));
-    return {
-      key1,
-      members,
-      foreign: inGroup.filter((l) => !memberPids.has(l.pid)),
-      held: inGroup.length,
-      outside: given === undefined ? undefined : locks.filter((l) => !given.has(l.key2)),
-      unowned: shards?.filter((key2) => !holders.has(key2)),
-    };
-  } catch (error) {
-    if (signal.aborted) throw signal.reason;
-    throw error;
-  } finally {
-    signal.removeEventListener("abort", onAbort);
-    await session.end(1000);
-  }
+  return await withShortSession(
+    options,
+    WHERE,
+    { statement_timeout: "0" },
+    signal,
+    async (session) => {
+      const { members, holders } = await inspect(session, key1);
+      const memberPids = new Set(members.map((m) => m.pid));
+      const given = shards === undefined ? undefined : new Set(shards);
+      const locks = [...holders].map(([key2, pid]) => ({ key2, pid })).sort((a, b) =>
+        a.key2 - b.key2
+      );
+      const inGroup = given === undefined ? locks : locks.filter((l) => given.has(l.key2));
+      return {
+        key1,
+        members,
+        foreign: inGroup.filter((l) => !memberPids.has(l.pid)),
+        held: inGroup.length,
+        outside: given === undefined ? undefined : locks.filter((l) => !given.has(l.key2)),
+        unowned: shards?.filter((key2) => !holders.has(key2)),
+      };
+    },
+  );
 }
