@@ -65,6 +65,12 @@ const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
 export class PgSession implements LockSession {
   readonly #client: PgClient;
   #ended = false;
+  /**
+   * Prepared statement names carry a random suffix per session, so that no statement user code
+   * runs on the session (a `DEALLOCATE` then a `PREPARE renew ...`) can put its own SQL under the
+   * name the ownership check runs by.
+   */
+  readonly #nameSuffix = crypto.getRandomValues(new Uint32Array(2)).join("");
   #resolveEnded!: (error: unknown) => void;
   /** See {@linkcode LockSession.ended}. */
   readonly ended: Promise<unknown> = new Promise((resolve) => this.#resolveEnded = resolve);
@@ -128,7 +134,7 @@ export class PgSession implements LockSession {
         queryMode: "extended",
       })
       : this.#client.query({
-        name: statement.name,
+        name: `${statement.name}_${this.#nameSuffix}`,
         text: statement.text,
         values: values as unknown[],
       });

@@ -207,7 +207,7 @@ export class LeaderTerm implements Term {
  * transaction), session resets and role changes, and deallocating the protocol's statements.
  */
 const REFUSED_START =
-  /^(?:\s|--[^\n]*\n|\/\*[\s\S]*?\*\/)*(begin|start|commit|end|rollback|abort|savepoint|release|prepare\s+transaction|discard|reset|deallocate|set\s+(?:session\s+)?(?:role|session\s+authorization))\b/i;
+  /^(?:\s|;|--[^\n]*\n|\/\*[\s\S]*?\*\/)*(begin|start|commit|end|rollback|abort|savepoint|release|prepare|discard|reset|deallocate|set\s+(?:session\s+)?(?:role|session\s+authorization))\b/i;
 function checkSql(sql: unknown, method: string): void {
   if (typeof sql !== "string" || sql.trim() === "") {
     throw new TypeError(

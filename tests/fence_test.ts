@@ -71,6 +71,8 @@ Deno.test("user statements through a term cannot break its fence or stall the el
             "RESET ALL",
             "DEALLOCATE ALL",
             "SET ROLE postgres",
+            ";DEALLOCATE ALL",
+            "PREPARE renew(int) AS SELECT true AS held",
           ]
         ) {
           const error = await term.query(sql).then(() => undefined, (e) => e);
