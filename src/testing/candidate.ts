@@ -10,7 +10,8 @@
  * - `{"type":"term-end","token":"..","t":..}` at the moment `isLeader` stopped being true
  *   (sampled every millisecond while leading),
  * - `{"type":"lost","reason":".."}`, `{"type":"released"}`, `{"type":"error","message":".."}`,
- *   `{"type":"state","from":"..","to":".."}`, `{"type":"stopped"}`.
+ *   `{"type":"state","from":"..","to":".."}`, `{"type":"signal","signal":"SIGTERM"}` (a stop signal
+ *   received), `{"type":"stopped"}`.
  *
  * `t` is milliseconds since the Unix epoch with sub-millisecond precision
  * (`performance.timeOrigin + performance.now()`), one clock for every process on the machine.
@@ -122,15 +123,21 @@ export async function runCandidate(
   emit: (record: Record<string, unknown>) => void,
   cleanup: () => void = () => {},
 ): Promise<void> {
-  const stop = () => controller.abort();
+  // The signal is printed first: a stop the harness did not ask for says where it came from.
+  const stopOn = (signal: Deno.Signal) => () => {
+    emit({ type: "signal", signal });
+    controller.abort();
+  };
+  const onTerm = stopOn("SIGTERM");
+  const onInt = stopOn("SIGINT");
   const stepDown = () => {
     emit({ type: "step-down" });
     lock.stepDown().catch((error) =>
       emit({ type: "error", message: `stepDown: ${String(error)}` })
     );
   };
-  Deno.addSignalListener("SIGTERM", stop);
-  Deno.addSignalListener("SIGINT", stop);
+  Deno.addSignalListener("SIGTERM", onTerm);
+  Deno.addSignalListener("SIGINT", onInt);
   Deno.addSignalListener("SIGUSR2", stepDown);
   const stopped = new Promise<void>((resolve) => {
     lock.addEventListener("statechange", (e) => {
@@ -146,8 +153,8 @@ export async function runCandidate(
   await stopped;
   await lock.shutdown().catch(() => {});
   cleanup();
-  Deno.removeSignalListener("SIGTERM", stop);
-  Deno.removeSignalListener("SIGINT", stop);
+  Deno.removeSignalListener("SIGTERM", onTerm);
+  Deno.removeSignalListener("SIGINT", onInt);
   Deno.removeSignalListener("SIGUSR2", stepDown);
   emit({ type: "stopped" });
 }

@@ -53,6 +53,8 @@ export interface CandidateRecord {
   readonly to?: string;
   /** For `error`: the message. */
   readonly message?: string;
+  /** For `signal`: the stop signal the process received. */
+  readonly signal?: string;
   /** When the harness read the line (its own clock of the same kind), if it recorded that. */
   readonly receivedAt?: number;
 }
@@ -85,6 +87,8 @@ export interface CandidateLog {
   readonly stopRequestedAt?: number | undefined;
   /** When the harness saw the process exit (wall-clock ms), if it did. */
   readonly exitedAt?: number | undefined;
+  /** How the process exited (`"code 0"`, `"signal SIGKILL"`), if it did. */
+  readonly exitStatus?: string | undefined;
 }
 
 /** A stretch of wall-clock time, in ms. */
@@ -408,16 +412,42 @@ function unaskedStops(log: CandidateLog): Violation[] {
       kind: "stopped-unasked",
       message: `${name} stopped competing without being told to${
         why === undefined ? "" : ` (its last error: ${why})`
-      }`,
+      }${describeStop(log, stopped.t, askedAt)}`,
     }];
   }
   if (log.exitedAt !== undefined && log.exitedAt < askedAt) {
     return [{
       kind: "stopped-unasked",
-      message: `${name}'s process exited without being told to, and without printing stopped`,
+      message: `${name}'s process exited without being told to, and without printing stopped${
+        describeStop(log, log.exitedAt, askedAt)
+      }`,
     }];
   }
   return [];
+}
+
+/**
+ * What a `stopped-unasked` message adds so that a failure on a machine out of reach can be read:
+ * when the harness asked (if it did), the stop signals the process received, its exit status and
+ * its last lines before the stop.
+ */
+function describeStop(log: CandidateLog, stoppedAt: number, askedAt: number): string {
+  const parts: string[] = [];
+  parts.push(
+    askedAt === Infinity
+      ? "the harness never asked it to stop"
+      : `${fmt(askedAt - stoppedAt)} ms before the harness asked`,
+  );
+  const signals = log.records.filter((r) => r.type === "signal");
+  for (const s of signals) {
+    parts.push(`it received ${s.signal} ${fmt(stoppedAt - s.t)} ms before it stopped`);
+  }
+  if (log.exitStatus !== undefined) parts.push(`it exited with ${log.exitStatus}`);
+  const last = log.records.filter((r) => r.t <= stoppedAt).slice(-6).map((r) =>
+    r.type === "state" ? `state ${r.from}->${r.to}` : r.type
+  );
+  if (last.length > 0) parts.push(`its last lines: ${last.join(", ")}`);
+  return `; ${parts.join("; ")}`;
 }
 
 /** The window in which liveness is observed, or `undefined` when there is none. */

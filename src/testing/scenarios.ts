@@ -214,6 +214,8 @@ export class Member {
   stopRequestedAt: number | undefined;
   /** When the harness saw the process exit. */
   exitedAt: number | undefined;
+  /** How it exited (`"code 0"`, `"signal SIGKILL"`), once it has. */
+  exitStatus: string | undefined;
   /** Freezes and thaws. */
   readonly freezes: { from: number; to: number }[] = [];
   readonly #reading: Promise<void>;
@@ -242,8 +244,9 @@ export class Member {
     this.#leaseMs = leaseMs;
     this.#onRecord = onRecord;
     this.#reading = this.#read();
-    process.status.then(() => {
+    process.status.then((status) => {
       this.exitedAt = wallNow();
+      this.exitStatus = status.signal !== null ? `signal ${status.signal}` : `code ${status.code}`;
       onRecord();
     });
   }
@@ -344,6 +347,7 @@ export class Member {
       leaseMs: this.#leaseMs,
       stopRequestedAt: this.stopRequestedAt,
       exitedAt: this.exitedAt,
+      exitStatus: this.exitStatus,
     };
   }
 

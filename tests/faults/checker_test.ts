@@ -160,6 +160,27 @@ Deno.test("checkTerms() reports a candidate that stopped without being told to, 
   assert(report.violations[0]!.message.includes("pooler"), report.violations[0]!.message);
 });
 
+Deno.test("checkTerms() says which signal stopped a candidate the harness did not stop, and how it exited", () => {
+  const report = checkTerms([
+    log("a", [
+      ready(0),
+      { type: "signal", t: 40, signal: "SIGINT" },
+      { type: "state", t: 41, from: "acquiring", to: "stopped" },
+      stopped(42),
+    ], { stopRequestedAt: 100, exitedAt: 43, exitStatus: "code 0" }),
+  ]);
+  assertEquals(report.violations.map((v) => v.kind), ["stopped-unasked"]);
+  const { message } = report.violations[0]!;
+  for (
+    const part of [
+      "59.0 ms before the harness asked",
+      "it received SIGINT 1.0 ms before it stopped",
+      "it exited with code 0",
+      "its last lines: ready, signal, state acquiring->stopped",
+    ]
+  ) assert(message.includes(part), message);
+});
+
 Deno.test("checkTerms() accepts a stop the harness asked for, and a SIGKILL", () => {
   const report = checkTerms([
     log("a", [ready(0), acquired(10, 5), termEnd(100, 5), stopped(101)], { stopRequestedAt: 99 }),
