@@ -589,10 +589,14 @@ function applyFreezes(
     let result = term;
     for (const freeze of freezes) {
       if (!(freeze.from > term.start && freeze.from < term.end)) continue;
-      // The lease deadline in force when it froze.
+      // The lease deadline in force when it froze: from the lease lines printed before it, and
+      // from one printed on resume for a check sent before it (its deadline is the check's send
+      // time plus the lease: the SIGSTOP came between the answer and the line).
+      const sentBefore = (r: CandidateRecord) =>
+        r.t <= freeze.from || (leaseMs !== undefined && r.until! - leaseMs <= freeze.from);
       const deadline = records
         .filter((r) =>
-          r.type === "lease" && r.t <= freeze.from && typeof r.until === "number" &&
+          r.type === "lease" && typeof r.until === "number" && sentBefore(r) &&
           parseToken(r.token) === term.token
         )
         .reduce((max, r) => Math.max(max, r.until!), -Infinity);
@@ -600,10 +604,13 @@ function applyFreezes(
         ? freeze.to > deadline
         : leaseMs !== undefined && freeze.to - freeze.from > leaseMs;
       if (!pastLease) continue;
-      // On resume, the first line about leadership must end this term.
+      // On resume, the first line about leadership must end this term. A lease line whose
+      // deadline passed during the freeze claims nothing: a check answered just before the
+      // SIGSTOP, printed after it.
       const first = records.find((r) =>
         r.t >= freeze.to && LEADERSHIP_TYPES.has(r.type) &&
-        !(r.type === "state" && r.from !== "leader")
+        !(r.type === "state" && r.from !== "leader") &&
+        !(r.type === "lease" && typeof r.until === "number" && r.until <= freeze.to)
       );
       const endsTerm = first !== undefined &&
         (first.type === "term-end" || first.type === "lost" ||

@@ -114,6 +114,28 @@ Deno.test("checkTerms() reports a leader that acts as leader on resume from a fr
   assert(report.violations.some((v) => v.kind === "acted-after-freeze"));
 });
 
+Deno.test("checkTerms() accepts a lease line printed on resume for a check answered before the freeze", () => {
+  // The check sent at 110 was answered, then SIGSTOP came before its line was printed: the line
+  // appears at 901 with the deadline 410, already past, and the term ends right after it.
+  const stale = checkTerms([
+    log("a", [acquired(100, 5), lease(100, 5, 400), lease(901, 5, 410), termEnd(902, 5)], {
+      freezes: [{ from: 120, to: 900 }],
+      leaseMs: 300,
+    }),
+    log("b", [acquired(450, 7), termEnd(600, 7)]),
+  ]);
+  assertEquals(stale.violations, []);
+  assertEquals(stale.terms[0]?.end, 410);
+  // A check sent after the resume (deadline 1201) is acting as leader.
+  const fresh = checkTerms([
+    log("a", [acquired(100, 5), lease(100, 5, 400), lease(901, 5, 1201), termEnd(1300, 5)], {
+      freezes: [{ from: 120, to: 900 }],
+      leaseMs: 300,
+    }),
+  ]);
+  assertEquals(fresh.violations.map((v) => v.kind), ["acted-after-freeze"]);
+});
+
 Deno.test("checkTerms() ends a SIGKILLed leader's term when the signal was sent", () => {
   const report = checkTerms([
     log("a", [acquired(100, 5)], { killedAt: 150 }),
