@@ -473,7 +473,7 @@ export class Election {
         regained,
         controller.signal,
         (fn) => this.fenced(token, fn),
-        (session) => this.#statements.renew(session),
+        (session) => this.#statements.fenceCheck(session, this.#config.settings),
       ),
       timer: undefined,
     };
@@ -494,9 +494,14 @@ export class Election {
    * the grant's window (the caller closes the session, which frees the lock).
    */
   async #acknowledge(): Promise<boolean> {
+    return await this.#exclusive(() => this.#acknowledgeInTurn());
+  }
+
+  /** {@linkcode #acknowledge} for a caller that has the session's turn already. */
+  async #acknowledgeInTurn(): Promise<boolean> {
     const sentAt = this.#clock();
     const held = await withDeadline(
-      this.#exclusive(() => this.#statement((s) => this.#statements.renew(s))),
+      this.#statement((s) => this.#statements.renew(s)),
       this.#lease.remainingMs,
     );
     if (held === ABORTED) return false;
@@ -538,6 +543,9 @@ export class Election {
       if (!held) return this.#lose("not-held", undefined);
       if (this.#state !== "leader") continue; // a release was asked for meanwhile
       this.#lease.renew(sentAt);
+      // Answered, but only after the lease it renews had run out (this process was paused while
+      // the answer waited): the server may have ended the session already.
+      if (!this.#lease.valid) return this.#lose("lease-expired", undefined);
       this.#acknowledged = true;
       this.#lastCheckSentAt = sentAt;
       this.#lastCheckRttMs = this.#clock() - sentAt;
@@ -727,20 +735,34 @@ export class Election {
     const termSignal = this.#term!.controller.signal;
     return await this.#exclusive(async () => {
       this.#assertTerm(token);
-      const sentAt = this.#clock();
       let result: T;
+      let sentAt: number;
       try {
+        // A term announced before its first ownership check (a handover) has only the grant's
+        // short window, on the server and here: acknowledge it first, so that a first transaction
+        // longer than that window keeps the term.
+        if (!this.#acknowledged) {
+          if (!(await this.#acknowledgeInTurn())) {
+            throw this.#endedTerms.get(token) ?? new LeadershipEndedError("released", token);
+          }
+          this.#armTermTimer();
+          this.#emit(new RenewedEvent(token, this.#lease.deadline));
+        }
+        this.#assertTerm(token);
+        sentAt = this.#clock();
         result = await fn(this.#session!);
       } catch (error) {
-        // The session gave the lock up under a user statement: close it, which ends the term.
-        if (error instanceof NotHeldError) this.#destroySession();
+        // The session gave the lock up (under a user statement, or before the acknowledgement
+        // could run): close it, which ends the term.
+        if (!(error instanceof LeadershipEndedError) && !(error instanceof SessionLost)) {
+          if (error instanceof NotHeldError || !this.#acknowledged) this.#destroySession();
+        }
         throw error;
       }
       if (this.#term?.token === token && this.#state === "leader") {
-        // The server's idle timeout restarts after every statement, at what is armed: the grant's
-        // short window until the first ownership check re-armed the full lease.
-        if (this.#acknowledged) this.#lease.renew(sentAt);
-        else this.#lease.extend(sentAt, ackWindowMs(this.#config.leaseMs));
+        // The server's idle timeout restarts after every statement, at the full lease that the
+        // acknowledgement armed.
+        this.#lease.renew(sentAt);
         this.#armTermTimer();
       }
       return result;

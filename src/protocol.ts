@@ -272,6 +272,33 @@ export const RENEW: Statement = {
 };
 
 /**
+ * The ownership check before a fenced COMMIT ({@linkcode RENEW}, and the same lease), which also
+ * sets the lock's session settings again (`$4`, a JSON object; `idle_session_timeout` is left to
+ * the lease). Inside the transaction, so that whatever a statement of the term set (`SET
+ * lock_timeout = '1ms'`, `SET idle_in_transaction_session_timeout = 0`, `SET
+ * default_transaction_read_only = on`) is undone when the transaction commits: it would otherwise
+ * stay on the session, weakening the lease's bounds for the rest of the term and spinning or
+ * failing the lock's own statements after a step-down. A setting the server does not know is
+ * skipped.
+ */
+export const FENCE_CHECK: Statement = {
+  name: "fence_check",
+  text: `SELECT EXISTS (
+         SELECT 1 FROM pg_catalog.pg_locks l
+          WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+            AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
+       pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease,
+       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
+          FROM pg_catalog.json_each_text($4::pg_catalog.json) v
+          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
+         AS pinned`,
+};
+
+/**
  * Unlocks, disarms the lease and verifies, in one round trip. It is sent prefixed with the release
  * comment `/* pgleaderlock release <key1> <key2> *\/` (see {@linkcode LockStatements}): a session
  * of the same role granted the lock meanwhile sees it in pg_stat_activity and knows the previous
@@ -401,6 +428,7 @@ export class LockStatements {
   readonly #lease: string;
   readonly #ackWindow: string;
   readonly #marker: string;
+  #pinned: [Readonly<Record<string, string>>, string] | undefined;
 
   /**
    * Binds the statements to a lock.
@@ -469,6 +497,26 @@ export class LockStatements {
    */
   async renew(runner: StatementRunner): Promise<boolean> {
     const [row] = await runner.query(RENEW, [...this.#keys, this.#lease]);
+    return row?.held === true;
+  }
+
+  /**
+   * The check before a fenced COMMIT ({@linkcode FENCE_CHECK}): {@linkcode renew}, and the
+   * session's settings set again.
+   *
+   * @param runner The session, inside the transaction.
+   * @param settings From {@linkcode sessionSettings} (`idle_session_timeout` is skipped).
+   * @returns `true` when this session still holds the lock.
+   */
+  async fenceCheck(
+    runner: StatementRunner,
+    settings: Readonly<Record<string, string>>,
+  ): Promise<boolean> {
+    if (this.#pinned?.[0] !== settings) {
+      const { idle_session_timeout: _lease, ...rest } = settings;
+      this.#pinned = [settings, JSON.stringify(rest)];
+    }
+    const [row] = await runner.query(FENCE_CHECK, [...this.#keys, this.#lease, this.#pinned[1]]);
     return row?.held === true;
   }
 

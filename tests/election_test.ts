@@ -56,7 +56,9 @@ function soleHolder(options: { unlockReturns?: boolean; heldOnCheck?: () => bool
     if (name === "set_up") return [{ version: 150000, pid: 42, applied: 9 }];
     if (name === "try_lock") return [{ ok: true, token: String(++token) }];
     if (name === "unlock") return [{ ok: options.unlockReturns ?? true, still_held: false }];
-    if (name === "renew") return [{ held: options.heldOnCheck?.() ?? true }];
+    if (name === "renew" || name === "fence_check") {
+      return [{ held: options.heldOnCheck?.() ?? true }];
+    }
     throw new Error(`unexpected statement: ${name}`);
   };
 }
@@ -357,39 +359,46 @@ Deno.test("a handed-over grant answered after its acknowledgement window is neve
   await running;
 });
 
-Deno.test("a fenced statement before the first ownership check extends the lease only by the grant's window", async () => {
+Deno.test("a handed-over term's first fenced transaction acknowledges the grant first, so it may outlast the grant's window", async () => {
   const base = soleHolder();
-  let checks = 0;
-  let answerFirstCheck: ((rows: Row[]) => void) | undefined;
+  let now = 1000;
+  const renewedAt: number[] = [];
   const session = new FakeSession((name) => {
     if (name === "try_lock") return [{ ok: true, token: "101", handed_over: true, waited_ms: 0 }];
-    // The first check is the one term.query() runs before its COMMIT; the protocol's own first
-    // ownership check, sent after it, never answers.
-    if (name === "renew" && checks++ === 1) {
-      return new Promise<Row[]>((resolve) => answerFirstCheck = resolve);
+    if (name === "renew") renewedAt.push(now);
+    if (name === "SELECT 1") {
+      // A first transaction that lasts longer than the grant's 2 s window.
+      now += 5000;
+      return [{ one: 1 }];
     }
-    if (name === "SELECT 1") return [{ one: 1 }];
     if (name === "BEGIN" || name === "COMMIT" || name === "ROLLBACK") return [];
     return base(name);
   });
   let query: Promise<unknown> | undefined;
+  const seen: string[] = [];
   const config = testConfig({
     connect: () => Promise.resolve(session),
-    healthIntervalMs: 1000,
+    healthIntervalMs: 100_000,
     leaseMs: 30_000,
   });
   const election = new Election(config, (event) => {
-    // The lead() work's first statement, sent as the term is announced: before the first check.
+    seen.push(describeEvent(event));
+    // The lead() work's first statement, sent as the term is announced: before the protocol's
+    // own first ownership check.
     if (event instanceof AcquiredEvent) query = event.term.query("SELECT 1");
-  }, () => 1000);
+  }, () => now);
   const running = election.run();
   await until(() => query !== undefined);
   await query;
-  // The server ends the session the grant's window (2 s) after that statement unless the check
-  // re-arms the full lease: the client must not count on 30 s.
-  assert(election.leaseRemainingMs <= 2000, `lease ${election.leaseRemainingMs} ms`);
-  await until(() => answerFirstCheck !== undefined);
-  answerFirstCheck!([{ held: true }]);
+  // The grant was acknowledged (the full lease armed on the server) before the statement ran.
+  assertEquals(renewedAt[0], 1000);
+  assert(
+    session.statements.indexOf("renew") < session.statements.indexOf("SELECT 1"),
+    session.statements.join(", "),
+  );
+  assert(election.isLeader, seen.join(", "));
+  assert(election.leaseRemainingMs > 20_000, `lease ${election.leaseRemainingMs} ms`);
+  assert(!seen.some((e) => e.startsWith("lost")), seen.join(", "));
   await election.stop(1000);
   await running;
 });

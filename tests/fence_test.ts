@@ -100,6 +100,36 @@ Deno.test("user statements through a term cannot break its fence or stall the el
     },
   );
 
+  await t.step(
+    "settings a term's statements change are set back when they commit, so the lock's own statements keep working",
+    async () => {
+      const keys = freshKeys();
+      const a = new LeaderLock(fastOptions(pg, keys));
+      const read = (term: Term) =>
+        term.query(`SELECT current_setting('lock_timeout') AS lock_timeout,
+                           current_setting('idle_in_transaction_session_timeout') AS idle_in_tx,
+                           current_setting('default_transaction_read_only') AS read_only`);
+      try {
+        await a.start();
+        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+        const term = a.term!;
+        const pinned = await read(term);
+        await term.query("SET lock_timeout = '1ms'");
+        await term.transaction((tx) => tx.query("SET idle_in_transaction_session_timeout = 0"));
+        await term.query("SET default_transaction_read_only = on");
+        assertEquals(await read(term), pinned);
+        // A read-only default left on the session would fail the next acquisition (its token
+        // needs a transaction id): after a step-down, a leads again with a newer token.
+        await a.stepDown();
+        assert(await a.waitForLeadership({ timeoutMs: 5000 }), "a leads again");
+        assert(a.fencingToken! > term.fencingToken, `${a.fencingToken} after ${term.fencingToken}`);
+        assertEquals(await read(a.term!), pinned);
+      } finally {
+        await a.shutdown();
+      }
+    },
+  );
+
   for (
     const [what, run] of [
       [

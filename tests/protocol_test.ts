@@ -5,6 +5,7 @@
 import { assert, assertEquals } from "./_assert.ts";
 import {
   ackWindowMs,
+  FENCE_CHECK,
   LockStatements,
   RENEW,
   SET_UP,
@@ -15,7 +16,15 @@ import {
 } from "../src/protocol.ts";
 import { LIST_LOCKS } from "../src/who_leads.ts";
 
-const STATEMENTS: readonly Statement[] = [SET_UP, TRY_LOCK, WAIT_LOCK, RENEW, UNLOCK, LIST_LOCKS];
+const STATEMENTS: readonly Statement[] = [
+  SET_UP,
+  TRY_LOCK,
+  WAIT_LOCK,
+  RENEW,
+  FENCE_CHECK,
+  UNLOCK,
+  LIST_LOCKS,
+];
 const SNAPSHOT = new URL("./snapshots/protocol.sql", import.meta.url);
 
 /** Every statement exactly as sent for lock (5001, 1) with a 15 s lease, with its parameters. */
@@ -33,6 +42,7 @@ async function rendered(): Promise<string> {
   await bound.acquire(recorder, { wait: true, marked: false });
   await bound.acquire(recorder, { wait: true, marked: true });
   await bound.renew(recorder);
+  await bound.fenceCheck(recorder, { lock_timeout: "5000ms", idle_session_timeout: "0" });
   await bound.unlock(recorder);
   await recorder.query(LIST_LOCKS, [5001, 1]);
   return sent.join("\n");
