@@ -398,7 +398,14 @@ export function checkTerms(
   };
 }
 
-/** A `stopped` line or an exit that came before the harness asked for it. */
+/**
+ * A `stopped` line or an exit that came before the harness asked for it. Both sides are on the
+ * harness's clock where it can be: the moment it read the line (`receivedAt`), not the time the
+ * candidate printed. Each process's wall clock is fixed at its start (`performance.timeOrigin`),
+ * so a step of the system clock between the harness's start and a candidate's (a VM's clock being
+ * corrected) shifts one against the other; a candidate that stops within a millisecond of
+ * SIGTERM would then seem to have stopped first.
+ */
 function unaskedStops(log: CandidateLog): Violation[] {
   const { name, records, stopRequestedAt = Infinity, killedAt = Infinity } = log;
   const askedAt = Math.min(stopRequestedAt, killedAt);
@@ -406,20 +413,20 @@ function unaskedStops(log: CandidateLog): Violation[] {
     r.type === "stopped" || (r.type === "state" && r.to === "stopped")
   );
   if (stopped !== undefined) {
-    if (stopped.t >= askedAt) return [];
+    if ((stopped.receivedAt ?? stopped.t) >= askedAt) return [];
     const why = records.filter((r) => r.type === "error" && r.t <= stopped.t).at(-1)?.message;
     return [{
       kind: "stopped-unasked",
       message: `${name} stopped competing without being told to${
         why === undefined ? "" : ` (its last error: ${why})`
-      }${describeStop(log, stopped.t, askedAt)}`,
+      }${describeStop(log, stopped, stopped.receivedAt ?? stopped.t, askedAt)}`,
     }];
   }
   if (log.exitedAt !== undefined && log.exitedAt < askedAt) {
     return [{
       kind: "stopped-unasked",
       message: `${name}'s process exited without being told to, and without printing stopped${
-        describeStop(log, log.exitedAt, askedAt)
+        describeStop(log, undefined, log.exitedAt, askedAt)
       }`,
     }];
   }
@@ -429,21 +436,31 @@ function unaskedStops(log: CandidateLog): Violation[] {
 /**
  * What a `stopped-unasked` message adds so that a failure on a machine out of reach can be read:
  * when the harness asked (if it did), the stop signals the process received, its exit status and
- * its last lines before the stop.
+ * its last lines before the stop. `stopped` is the stop line (`undefined` for an exit without
+ * one), `seenAt` the harness's time of the stop.
  */
-function describeStop(log: CandidateLog, stoppedAt: number, askedAt: number): string {
+function describeStop(
+  log: CandidateLog,
+  stopped: CandidateRecord | undefined,
+  seenAt: number,
+  askedAt: number,
+): string {
   const parts: string[] = [];
   parts.push(
     askedAt === Infinity
       ? "the harness never asked it to stop"
-      : `${fmt(askedAt - stoppedAt)} ms before the harness asked`,
+      : `seen ${fmt(askedAt - seenAt)} ms before the harness asked`,
   );
-  const signals = log.records.filter((r) => r.type === "signal");
-  for (const s of signals) {
-    parts.push(`it received ${s.signal} ${fmt(stoppedAt - s.t)} ms before it stopped`);
+  const printedAt = stopped?.t ?? Infinity;
+  for (const s of log.records.filter((r) => r.type === "signal")) {
+    parts.push(
+      stopped === undefined
+        ? `it received ${s.signal}`
+        : `it received ${s.signal} ${fmt(printedAt - s.t)} ms before it stopped`,
+    );
   }
   if (log.exitStatus !== undefined) parts.push(`it exited with ${log.exitStatus}`);
-  const last = log.records.filter((r) => r.t <= stoppedAt).slice(-6).map((r) =>
+  const last = log.records.filter((r) => r.t <= printedAt).slice(-6).map((r) =>
     r.type === "state" ? `state ${r.from}->${r.to}` : r.type
   );
   if (last.length > 0) parts.push(`its last lines: ${last.join(", ")}`);

@@ -310,7 +310,7 @@ export class Member {
     const stopped = this.records.find((r) =>
       r.type === "stopped" || (r.type === "state" && r.to === "stopped")
     );
-    return (stopped !== undefined && stopped.t < askedAt) ||
+    return (stopped !== undefined && (stopped.receivedAt ?? stopped.t) < askedAt) ||
       (this.exitedAt !== undefined && this.exitedAt < askedAt);
   }
 

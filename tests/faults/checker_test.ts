@@ -195,12 +195,34 @@ Deno.test("checkTerms() says which signal stopped a candidate the harness did no
   const { message } = report.violations[0]!;
   for (
     const part of [
-      "59.0 ms before the harness asked",
+      "seen 59.0 ms before the harness asked",
       "it received SIGINT 1.0 ms before it stopped",
       "it exited with code 0",
       "its last lines: ready, signal, state acquiring->stopped",
     ]
   ) assert(message.includes(part), message);
+});
+
+Deno.test("checkTerms() compares a stop with the harness's request on the harness's clock", () => {
+  // The candidate's clock runs 2 ms behind the harness's: it printed its stop at 99.5 on its own
+  // clock, after the SIGTERM sent at 100 on the harness's, which read the line at 101.6.
+  const asked = checkTerms([
+    log("a", [
+      { ...ready(0), receivedAt: 2.2 },
+      { type: "signal", t: 99.2, signal: "SIGTERM", receivedAt: 101.3 },
+      { type: "state", t: 99.5, from: "acquiring", to: "stopped", receivedAt: 101.6 },
+    ], { stopRequestedAt: 100 }),
+  ]);
+  assertEquals(asked.violations, []);
+  // Read before the harness asked: unasked, though the line's own time (a clock 0.7 ms ahead)
+  // comes after the request.
+  const unasked = checkTerms([
+    log("a", [
+      { ...ready(0), receivedAt: 0.2 },
+      { type: "state", t: 100.5, from: "acquiring", to: "stopped", receivedAt: 99.8 },
+    ], { stopRequestedAt: 100 }),
+  ]);
+  assertEquals(unasked.violations.map((v) => v.kind), ["stopped-unasked"]);
 });
 
 Deno.test("checkTerms() accepts a stop the harness asked for, and a SIGKILL", () => {
