@@ -735,28 +735,18 @@ export class Election {
     const termSignal = this.#term!.controller.signal;
     return await this.#exclusive(async () => {
       this.#assertTerm(token);
+      // A term announced before its first ownership check (a handover) has only the grant's
+      // short window, on the server and here: acknowledge it first, so that a first transaction
+      // longer than that window keeps the term.
+      if (!this.#acknowledged) await this.#acknowledgeForUser(token);
+      this.#assertTerm(token);
+      const sentAt = this.#clock();
       let result: T;
-      let sentAt: number;
       try {
-        // A term announced before its first ownership check (a handover) has only the grant's
-        // short window, on the server and here: acknowledge it first, so that a first transaction
-        // longer than that window keeps the term.
-        if (!this.#acknowledged) {
-          if (!(await this.#acknowledgeInTurn())) {
-            throw this.#endedTerms.get(token) ?? new LeadershipEndedError("released", token);
-          }
-          this.#armTermTimer();
-          this.#emit(new RenewedEvent(token, this.#lease.deadline));
-        }
-        this.#assertTerm(token);
-        sentAt = this.#clock();
         result = await fn(this.#session!);
       } catch (error) {
-        // The session gave the lock up (under a user statement, or before the acknowledgement
-        // could run): close it, which ends the term.
-        if (!(error instanceof LeadershipEndedError) && !(error instanceof SessionLost)) {
-          if (error instanceof NotHeldError || !this.#acknowledged) this.#destroySession();
-        }
+        // The session gave the lock up under a user statement: close it, which ends the term.
+        if (error instanceof NotHeldError) this.#destroySession();
         throw error;
       }
       if (this.#term?.token === token && this.#state === "leader") {
@@ -773,6 +763,30 @@ export class Election {
       }
       throw error;
     });
+  }
+
+  /**
+   * The grant's acknowledgement, run by a fenced call that got the session's turn before the
+   * term's first ownership check. A failed one closes the session (which ends the term) and
+   * rejects with the term's end.
+   */
+  async #acknowledgeForUser(token: bigint): Promise<void> {
+    let acknowledged: boolean;
+    try {
+      acknowledged = await this.#acknowledgeInTurn();
+    } catch (error) {
+      if (error instanceof SessionLost) throw error;
+      this.#destroySession();
+      const reason = error instanceof DeadlineError || !this.#lease.valid
+        ? "lease-expired"
+        : "not-held";
+      throw new LeadershipEndedError(reason, token, { cause: error });
+    }
+    if (!acknowledged) {
+      throw this.#endedTerms.get(token) ?? new LeadershipEndedError("released", token);
+    }
+    this.#armTermTimer();
+    this.#emit(new RenewedEvent(token, this.#lease.deadline));
   }
 
   /**

@@ -403,6 +403,37 @@ Deno.test("a handed-over term's first fenced transaction acknowledges the grant 
   await running;
 });
 
+Deno.test("a handed-over term whose first fenced call finds the lock gone ends, and the call is refused", async () => {
+  const base = soleHolder();
+  const session = new FakeSession((name) => {
+    if (name === "try_lock") return [{ ok: true, token: "101", handed_over: true, waited_ms: 0 }];
+    if (name === "renew") return [{ held: false }];
+    return base(name);
+  });
+  let query: Promise<unknown> | undefined;
+  const seen: string[] = [];
+  const election = new Election(
+    testConfig({ connect: () => Promise.resolve(session), autoReacquire: false }),
+    (event) => {
+      seen.push(describeEvent(event));
+      if (event instanceof AcquiredEvent) {
+        query = event.term.query("SELECT 1").then(() => undefined, (e) => e);
+      }
+    },
+  );
+  const running = election.run();
+  await until(() => query !== undefined);
+  const error = await query;
+  assert(error instanceof LeadershipEndedError, String(error));
+  assertEquals(error.reason, "not-held");
+  // Nothing of the user's ran, the session was closed and the term ended.
+  assert(!session.statements.includes("SELECT 1"), session.statements.join(", "));
+  assert(session.isEnded);
+  await running;
+  assert(seen.some((e) => e.startsWith("lost")), seen.join(", "));
+  assert(!election.isLeader);
+});
+
 Deno.test("a step-down requested from the statechange listener fires acquired first, then releasing", async () => {
   const session = new FakeSession(soleHolder());
   let now = 1000;
