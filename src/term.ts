@@ -44,10 +44,13 @@ export interface Term {
    * process that wakes from a pause finds it refused). Statements take turns with the lock's
    * health checks; each one that succeeds also proves ownership and renews the lease. A failing
    * statement ends the term only if the session died. Bounded by the lease
-   * (`statement_timeout`). One statement per call (the extended protocol). Refused (a rejected
-   * promise): transaction control (use {@linkcode Term.transaction}), `DISCARD`, `RESET`,
-   * `DEALLOCATE`, `SET ROLE` / `SET SESSION AUTHORIZATION`, statements that cannot run in a
-   * transaction block (by PostgreSQL), and any call while a transaction of the term runs.
+   * (`statement_timeout`). A setting it changes (`SET lock_timeout ...`) lasts until its
+   * transaction commits: the check before COMMIT sets the lock's own settings again (use `SET
+   * LOCAL` inside {@linkcode Term.transaction}). One statement per call (the extended protocol).
+   * Refused (a rejected promise): transaction control (use {@linkcode Term.transaction}),
+   * `DISCARD`, `RESET`, `DEALLOCATE`, `SET ROLE` / `SET SESSION AUTHORIZATION`, statements that
+   * cannot run in a transaction block (by PostgreSQL), and any call while a transaction of the
+   * term runs.
    *
    * @param sql The SQL, with `$n` placeholders.
    * @param params The parameters.
