@@ -473,7 +473,8 @@ export class Election {
         regained,
         controller.signal,
         (fn) => this.fenced(token, fn),
-        (session) => this.#statements.fenceCheck(session, this.#config.settings),
+        (session) =>
+          this.#statements.fenceCheck(session, this.#config.settings, this.#facts?.role ?? "none"),
       ),
       timer: undefined,
     };
@@ -494,14 +495,9 @@ export class Election {
    * the grant's window (the caller closes the session, which frees the lock).
    */
   async #acknowledge(): Promise<boolean> {
-    return await this.#exclusive(() => this.#acknowledgeInTurn());
-  }
-
-  /** {@linkcode #acknowledge} for a caller that has the session's turn already. */
-  async #acknowledgeInTurn(): Promise<boolean> {
     const sentAt = this.#clock();
     const held = await withDeadline(
-      this.#statement((s) => this.#statements.renew(s)),
+      this.#exclusive(() => this.#statement((s) => this.#statements.renew(s))),
       this.#lease.remainingMs,
     );
     if (held === ABORTED) return false;
@@ -767,24 +763,36 @@ export class Election {
 
   /**
    * The grant's acknowledgement, run by a fenced call that got the session's turn before the
-   * term's first ownership check. A failed one closes the session (which ends the term) and
-   * rejects with the term's end.
+   * term's first ownership check. It runs in that turn, so neither a step-down nor a stop cuts it
+   * short (the release that follows needs the session). A failed one closes the session (which
+   * ends the term) and rejects with the term's end; so does one that answers after the term ended.
    */
   async #acknowledgeForUser(token: bigint): Promise<void> {
-    let acknowledged: boolean;
+    const session = this.#session!;
+    const sentAt = this.#clock();
+    let held: boolean;
     try {
-      acknowledged = await this.#acknowledgeInTurn();
+      held = await withDeadline(this.#statements.renew(session), this.#lease.remainingMs);
     } catch (error) {
-      if (error instanceof SessionLost) throw error;
+      if (session.isEnded) throw new SessionLost(error);
       this.#destroySession();
-      const reason = error instanceof DeadlineError || !this.#lease.valid
-        ? "lease-expired"
-        : "not-held";
-      throw new LeadershipEndedError(reason, token, { cause: error });
+      const reason = error instanceof DeadlineError ? "lease-expired" : "not-held";
+      throw this.#endedTerms.get(token) ??
+        new LeadershipEndedError(reason, token, { cause: error });
     }
-    if (!acknowledged) {
+    if (!held) {
+      this.#destroySession();
+      throw this.#endedTerms.get(token) ?? new LeadershipEndedError("not-held", token);
+    }
+    // The server armed the full lease: acknowledged, whatever happened here meanwhile.
+    this.#acknowledged = true;
+    this.#lastCheckSentAt = sentAt;
+    this.#lastCheckRttMs = this.#clock() - sentAt;
+    // A step-down or stop during the check ended the term: the lease stays revoked, no event.
+    if (this.#term?.token !== token || this.#state !== "leader") {
       throw this.#endedTerms.get(token) ?? new LeadershipEndedError("released", token);
     }
+    this.#lease.renew(sentAt);
     this.#armTermTimer();
     this.#emit(new RenewedEvent(token, this.#lease.deadline));
   }
@@ -833,13 +841,17 @@ export class Election {
    */
   async #untilLeaseEnds<T>(promise: Promise<T>): Promise<T> {
     promise.catch(() => {});
+    // Once a release was asked for, the lease is revoked here but the server still holds the
+    // session's for the claim it had: the check (queued behind a fenced transaction, say) may
+    // answer until then, and the release follows.
+    const deadline = () => this.#state === "releasing" ? this.#claimDeadline : this.#lease.deadline;
     for (;;) {
-      const remaining = this.#lease.remainingMs;
+      const remaining = deadline() - this.#clock();
       if (remaining <= 0) throw new DeadlineError(0);
       try {
         return await withDeadline(promise, remaining);
       } catch (error) {
-        if (!(error instanceof DeadlineError) || !this.#lease.valid) throw error;
+        if (!(error instanceof DeadlineError) || this.#clock() >= deadline()) throw error;
       }
     }
   }

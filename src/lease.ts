@@ -64,19 +64,6 @@ export class Lease {
   }
 
   /** The moment (on the lease's clock) the lease runs out unless renewed; -Infinity when revoked. */
-  /**
-   * Extends the lease to `windowMs` from `sentAt` (less its margin) if that is later: a statement
-   * answered while the server has only a short idle timeout armed (the grant's acknowledgement
-   * window) proves the session alive for that long, not for the full lease.
-   *
-   * @param sentAt When the statement was sent.
-   * @param windowMs The timeout armed on the server.
-   */
-  extend(sentAt: number, windowMs: number): void {
-    const length = Math.min(windowMs, this.#leaseMs);
-    this.#deadline = Math.max(this.#deadline, sentAt + length - leaseMarginMs(length));
-  }
-
   get deadline(): number {
     return this.#deadline;
   }

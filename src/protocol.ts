@@ -74,6 +74,8 @@ export function sessionSettings(input: SessionSettingsInput): Record<string, str
     default_transaction_read_only: "off",
     default_transaction_isolation: "read committed",
     default_transaction_deferrable: "off",
+    // A lock statement's error (a wait window's timeout) must not end the session.
+    exit_on_error: "off",
     // The token's write is flushed locally and never waits for a standby.
     synchronous_commit: "local",
     // A follower that dies while waiting in the lock queue is removed from it within this.
@@ -118,7 +120,8 @@ export const SET_UP: Statement = {
           JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
          AS applied,
        pg_catalog.pg_is_in_recovery() AS standby,
-       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only`,
+       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
+       pg_catalog.current_setting('role') AS role`,
 };
 
 /**
@@ -274,12 +277,17 @@ export const RENEW: Statement = {
 /**
  * The ownership check before a fenced COMMIT ({@linkcode RENEW}, and the same lease), which also
  * sets the lock's session settings again (`$4`, a JSON object; `idle_session_timeout` is left to
- * the lease). Inside the transaction, so that whatever a statement of the term set (`SET
+ * the lease) and the session's `role` (`$5`, as set-up found it). Inside the transaction, so that whatever a statement of the term set (`SET
  * lock_timeout = '1ms'`, `SET idle_in_transaction_session_timeout = 0`, `SET
  * default_transaction_read_only = on`) is undone when the transaction commits: it would otherwise
  * stay on the session, weakening the lease's bounds for the rest of the term and spinning or
  * failing the lock's own statements after a step-down. A setting the server does not know is
  * skipped.
+ *
+ * Two kinds of user code would run after it, inside COMMIT: deferred triggers (the term runs `SET
+ * CONSTRAINTS ALL IMMEDIATE` just before this, which fires them) and the query of a cursor
+ * declared `WITH HOLD` in this transaction, which COMMIT runs to completion: `holdable_cursor`
+ * says one exists, and the term rolls back instead of committing.
  */
 export const FENCE_CHECK: Statement = {
   name: "fence_check",
@@ -295,7 +303,13 @@ export const FENCE_CHECK: Statement = {
        (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
           FROM pg_catalog.json_each_text($4::pg_catalog.json) v
           JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
-         AS pinned`,
+         AS pinned,
+       pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role,
+       EXISTS (
+         SELECT 1 FROM pg_catalog.pg_cursors c
+          WHERE c.is_holdable
+            AND c.creation_time OPERATOR(pg_catalog.>=) pg_catalog.transaction_timestamp())
+         AS holdable_cursor`,
 };
 
 /**
@@ -409,7 +423,16 @@ export interface SessionFacts {
   readonly backendPid: number;
   /** Whether the server is a standby or read-only, where no leader can take a token. */
   readonly readOnly: boolean;
+  /**
+   * The session's `role` setting after set-up (`none`, or a role the login role's defaults
+   * set): the check before a fenced COMMIT sets it back, so a `SET ROLE` through a term does not
+   * outlive its transaction.
+   */
+  readonly role: string;
 }
+
+/** What the check before a fenced COMMIT found ({@linkcode LockStatements.fenceCheck}). */
+export type FenceVerdict = "held" | "not-held" | "holdable-cursor";
 
 /** Options of {@linkcode LockStatements.acquire}. */
 export interface AcquireOptions {
@@ -457,6 +480,7 @@ export class LockStatements {
       serverVersion: Number(row?.version ?? 0),
       backendPid: Number(row?.pid ?? 0),
       readOnly: row?.standby === true || row?.read_only === true,
+      role: typeof row?.role === "string" ? row.role : "none",
     };
   }
 
@@ -506,18 +530,27 @@ export class LockStatements {
    *
    * @param runner The session, inside the transaction.
    * @param settings From {@linkcode sessionSettings} (`idle_session_timeout` is skipped).
-   * @returns `true` when this session still holds the lock.
+   * @param role The session's `role` after set-up ({@linkcode SessionFacts.role}).
+   * @returns `"held"`, `"not-held"`, or `"holdable-cursor"` when the transaction declared a cursor
+   * `WITH HOLD` (whose query COMMIT would run after the check).
    */
   async fenceCheck(
     runner: StatementRunner,
     settings: Readonly<Record<string, string>>,
-  ): Promise<boolean> {
+    role: string,
+  ): Promise<FenceVerdict> {
     if (this.#pinned?.[0] !== settings) {
       const { idle_session_timeout: _lease, ...rest } = settings;
       this.#pinned = [settings, JSON.stringify(rest)];
     }
-    const [row] = await runner.query(FENCE_CHECK, [...this.#keys, this.#lease, this.#pinned[1]]);
-    return row?.held === true;
+    const [row] = await runner.query(FENCE_CHECK, [
+      ...this.#keys,
+      this.#lease,
+      this.#pinned[1],
+      role,
+    ]);
+    if (row?.holdable_cursor === true) return "holdable-cursor";
+    return row?.held === true ? "held" : "not-held";
   }
 
   /**

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import type { Row } from "./protocol.ts";
+import type { FenceVerdict, Row } from "./protocol.ts";
 import { PgLeaderLockError } from "./errors.ts";
 import type { LockSession } from "./session.ts";
 
@@ -79,7 +79,7 @@ export interface Term {
 export type FencedRunner = <T>(fn: (session: LockSession) => Promise<T>) => Promise<T>;
 
 /** Whether the session still holds the lock (the ownership check), run inside a transaction. */
-export type OwnershipCheck = (session: LockSession) => Promise<boolean>;
+export type OwnershipCheck = (session: LockSession) => Promise<FenceVerdict>;
 
 /** The {@linkcode Term} the election hands out. */
 export class LeaderTerm implements Term {
@@ -188,9 +188,17 @@ export class LeaderTerm implements Term {
           cause: failed,
         });
       }
+      // Deferred triggers would run inside COMMIT, after the check: fire them now.
+      await session.query("SET CONSTRAINTS ALL IMMEDIATE");
       // The commit's fence: the session must hold the lock now, whatever the transaction's own
       // statements did (pg_advisory_unlock_all() included).
-      if (!(await this.#holds(session))) {
+      const verdict = await this.#holds(session);
+      if (verdict === "holdable-cursor") {
+        throw new RangeError(
+          "Cannot commit a term's transaction that declared a cursor WITH HOLD: COMMIT would run its query after the ownership check; the transaction was rolled back",
+        );
+      }
+      if (verdict !== "held") {
         throw new NotHeldError(
           "The lock's session no longer held the lock: the transaction was rolled back",
         );
@@ -209,8 +217,12 @@ export class LeaderTerm implements Term {
  * Statements that would end the fence from inside it: transaction control (the term manages the
  * transaction), session resets and role changes, and deallocating the protocol's statements.
  */
-const REFUSED_START =
-  /^(?:\s|;|--[^\n]*\n|\/\*[\s\S]*?\*\/)*(begin|start|commit|end|rollback|abort|savepoint|release|prepare|discard|reset|deallocate|set\s+(?:session\s+)?(?:role|session\s+authorization))\b/i;
+const GAP = String.raw`(?:\s|--[^\n]*\n|\/\*[\s\S]*?\*\/)`;
+const REFUSED_START = new RegExp(
+  String
+    .raw`^(?:${GAP}|;)*(begin|start|commit|end|rollback|abort|savepoint|release|prepare|discard|reset|deallocate|set${GAP}+(?:session${GAP}+)?(?:"?role"?|"?session"?${GAP}+"?authorization"?))(?![a-z0-9_$])`,
+  "i",
+);
 function checkSql(sql: unknown, method: string): void {
   if (typeof sql !== "string" || sql.trim() === "") {
     throw new TypeError(

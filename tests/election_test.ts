@@ -371,7 +371,7 @@ Deno.test("a handed-over term's first fenced transaction acknowledges the grant 
       now += 5000;
       return [{ one: 1 }];
     }
-    if (name === "BEGIN" || name === "COMMIT" || name === "ROLLBACK") return [];
+    if (["BEGIN", "COMMIT", "ROLLBACK", "SET CONSTRAINTS ALL IMMEDIATE"].includes(name)) return [];
     return base(name);
   });
   let query: Promise<unknown> | undefined;
@@ -432,6 +432,89 @@ Deno.test("a handed-over term whose first fenced call finds the lock gone ends, 
   await running;
   assert(seen.some((e) => e.startsWith("lost")), seen.join(", "));
   assert(!election.isLeader);
+});
+
+Deno.test("a stop during a handed-over term's inline acknowledgement still unlocks, and no renewed follows the term's end", async () => {
+  const base = soleHolder();
+  let answerAck: ((rows: Row[]) => void) | undefined;
+  const session = new FakeSession((name) => {
+    if (name === "try_lock") return [{ ok: true, token: "101", handed_over: true, waited_ms: 0 }];
+    if (name === "renew" && answerAck === undefined) {
+      return new Promise<Row[]>((resolve) => answerAck = resolve);
+    }
+    return base(name);
+  });
+  let query: Promise<unknown> | undefined;
+  const seen: string[] = [];
+  const election = new Election(
+    testConfig({ connect: () => Promise.resolve(session), leaseMs: 30_000 }),
+    (event) => {
+      seen.push(describeEvent(event));
+      if (event instanceof AcquiredEvent) {
+        query = event.term.query("SELECT 1").then(() => undefined, (e) => e);
+      }
+    },
+    () => 1000,
+  );
+  const running = election.run();
+  await until(() => answerAck !== undefined && query !== undefined);
+  const stopping = election.stop(5000);
+  answerAck!([{ held: true }]);
+  await stopping;
+  await running;
+  const error = await query;
+  assert(error instanceof LeadershipEndedError, String(error));
+  assert(!session.statements.includes("SELECT 1"), session.statements.join(", "));
+  // Released (unlocked, with the release marker), not lost with the session destroyed.
+  assert(session.statements.includes("unlock"), session.statements.join(", "));
+  assert(seen.includes("released 101"), seen.join(", "));
+  assert(!seen.some((e) => e.startsWith("lost")), seen.join(", "));
+  assert(!seen.slice(seen.indexOf("leader->releasing")).includes("renewed"), seen.join(", "));
+});
+
+Deno.test("a step-down during a handed-over term's long first transaction releases once the transaction ends", async () => {
+  const base = soleHolder();
+  let finishStatement: ((rows: Row[]) => void) | undefined;
+  let renews = 0;
+  const session = new FakeSession((name) => {
+    if (name === "try_lock") return [{ ok: true, token: "101", handed_over: true, waited_ms: 0 }];
+    if (name === "SELECT long") return new Promise<Row[]>((resolve) => finishStatement = resolve);
+    // The inline acknowledgement takes a network's 30 ms: the protocol's own first check starts
+    // waiting for its turn meanwhile, while only the grant's window is armed.
+    if (name === "renew" && renews++ === 0) {
+      return new Promise<Row[]>((resolve) => setTimeout(() => resolve([{ held: true }]), 30));
+    }
+    if (["BEGIN", "COMMIT", "ROLLBACK", "SET CONSTRAINTS ALL IMMEDIATE"].includes(name)) return [];
+    return base(name);
+  });
+  let query: Promise<unknown> | undefined;
+  const seen: string[] = [];
+  // A 3 s lease: the grant's window is 1 s, the full lease (armed by the inline check) 3 s.
+  const election = new Election(
+    testConfig({ connect: () => Promise.resolve(session), leaseMs: 3000, healthIntervalMs: 500 }),
+    (event) => {
+      seen.push(describeEvent(event));
+      if (event instanceof AcquiredEvent) {
+        query = event.term.query("SELECT long").then(() => undefined, (e) => e);
+      }
+    },
+    () => 1000,
+  );
+  const running = election.run();
+  await until(() => finishStatement !== undefined);
+  // The protocol's first check is queued behind the statement by now.
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  const stepping = election.stepDown(5000);
+  // Past the grant's window (real time: the protocol's queued check waits on a real timer).
+  await new Promise((resolve) => setTimeout(resolve, 1500));
+  finishStatement!([]);
+  await stepping;
+  assert(seen.includes("released 101"), seen.join(", "));
+  assert(!seen.some((e) => e.startsWith("lost")), seen.join(", "));
+  const error = await query;
+  assert(error instanceof LeadershipEndedError, String(error));
+  await election.stop(1000);
+  await running;
 });
 
 Deno.test("a step-down requested from the statechange listener fires acquired first, then releasing", async () => {

@@ -23,6 +23,14 @@ Deno.test("user statements through a term cannot break its fence or stall the el
       'BEGIN PERFORM pg_advisory_unlock_all(); RETURN NEW; END';
     CREATE TRIGGER jobs_done AFTER INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION jobs_done();
     GRANT ALL ON jobs TO PUBLIC`);
+  // A deferred constraint trigger would run inside COMMIT, after the ownership check.
+  await pg.query(`CREATE TABLE deferred_jobs (id int);
+    CREATE FUNCTION deferred_done() RETURNS trigger LANGUAGE plpgsql AS
+      'BEGIN PERFORM pg_advisory_unlock_all(); RETURN NEW; END';
+    CREATE CONSTRAINT TRIGGER deferred_done AFTER INSERT ON deferred_jobs
+      DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION deferred_done();
+    GRANT ALL ON deferred_jobs TO PUBLIC`);
+  await pg.query("CREATE ROLE fence_other");
 
   await t.step(
     "term.query() inside term.transaction() is refused at once, and the election goes on",
@@ -71,6 +79,8 @@ Deno.test("user statements through a term cannot break its fence or stall the el
             "RESET ALL",
             "DEALLOCATE ALL",
             "SET ROLE postgres",
+            "SET/**/ROLE postgres",
+            'SET "role" TO postgres',
             ";DEALLOCATE ALL",
             "PREPARE renew(int) AS SELECT true AS held",
           ]
@@ -118,12 +128,48 @@ Deno.test("user statements through a term cannot break its fence or stall the el
         await term.transaction((tx) => tx.query("SET idle_in_transaction_session_timeout = 0"));
         await term.query("SET default_transaction_read_only = on");
         assertEquals(await read(term), pinned);
+        // Nor through a function, and the role is set back too.
+        await term.query("SELECT set_config('role', 'fence_other', false)");
+        const [who] = await term.query("SELECT current_user = session_user AS same");
+        assertEquals(who?.same, true);
         // A read-only default left on the session would fail the next acquisition (its token
         // needs a transaction id): after a step-down, a leads again with a newer token.
         await a.stepDown();
         assert(await a.waitForLeadership({ timeoutMs: 5000 }), "a leads again");
         assert(a.fencingToken! > term.fencingToken, `${a.fencingToken} after ${term.fencingToken}`);
         assertEquals(await read(a.term!), pinned);
+      } finally {
+        await a.shutdown();
+      }
+    },
+  );
+
+  await t.step(
+    "a transaction that declares a cursor WITH HOLD is rolled back: COMMIT would run its query after the check",
+    async () => {
+      await pg.query("TRUNCATE fenced_writes");
+      const keys = freshKeys();
+      const a = new LeaderLock(fastOptions(pg, keys));
+      try {
+        await a.start();
+        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+        const term = a.term!;
+        const error = await term.transaction(async (tx) => {
+          await tx.query("INSERT INTO fenced_writes VALUES ('held-cursor')");
+          await tx.query("DECLARE c CURSOR WITH HOLD FOR SELECT pg_advisory_unlock_all()");
+        }).then(() => undefined, (e) => e);
+        assert(error instanceof RangeError, String(error));
+        assert(/WITH HOLD/.test(error.message), error.message);
+        const single = await term.query("DECLARE d CURSOR WITH HOLD FOR SELECT 1").then(
+          () => undefined,
+          (e) => e,
+        );
+        assert(single instanceof RangeError, String(single));
+        // Nothing committed, the cursor's query never ran, and a still leads.
+        assertEquals((await pg.query("SELECT count(*)::int AS n FROM fenced_writes"))[0]?.n, 0);
+        assertEquals(await holders(pg, keys), [a.backendPid]);
+        assert(a.isLeader);
+        await term.query("SELECT 1");
       } finally {
         await a.shutdown();
       }
@@ -143,10 +189,18 @@ Deno.test("user statements through a term cannot break its fence or stall the el
       ["a statement calling a function", (term: Term) => term.query("SELECT give_up_locks()")],
       ["a statement firing a trigger", (term: Term) => term.query("INSERT INTO jobs VALUES (1)")],
       ["a direct unlock", (term: Term) => term.query("SELECT pg_advisory_unlock_all()")],
+      [
+        "a deferred trigger",
+        (term: Term) =>
+          term.transaction(async (tx) => {
+            await tx.query("INSERT INTO fenced_writes VALUES ('deferred')");
+            await tx.query("INSERT INTO deferred_jobs VALUES (1)");
+          }),
+      ],
     ] as const
   ) {
     await t.step(`${what} that gives the lock up is rolled back and ends the term`, async () => {
-      await pg.query("TRUNCATE fenced_writes, jobs");
+      await pg.query("TRUNCATE fenced_writes, jobs, deferred_jobs");
       const keys = freshKeys();
       const a = new LeaderLock(fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15_000 }));
       const b = new LeaderLock(fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15_000 }));
@@ -161,7 +215,8 @@ Deno.test("user statements through a term cannot break its fence or stall the el
         // Nothing it wrote committed, its term ended at once (not at the next health check, 5 s
         // away), and b leads.
         const written = await pg.query(
-          "SELECT (SELECT count(*) FROM fenced_writes)::int + (SELECT count(*) FROM jobs)::int AS n",
+          `SELECT (SELECT count(*) FROM fenced_writes)::int + (SELECT count(*) FROM jobs)::int +
+                  (SELECT count(*) FROM deferred_jobs)::int AS n`,
         );
         assertEquals(written[0]?.n, 0);
         assert(await b.waitForLeadership({ timeoutMs: 5000 }), "b leads");

@@ -6,7 +6,8 @@ SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS vers
           JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
          AS applied,
        pg_catalog.pg_is_in_recovery() AS standby,
-       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only;
+       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
+       pg_catalog.current_setting('role') AS role;
 
 -- try_lock [5001,1,"2000ms"]
 SELECT s.ok,
@@ -172,7 +173,7 @@ SELECT EXISTS (
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease;
 
--- fence_check [5001,1,"15000ms","{\"lock_timeout\":\"5000ms\"}"]
+-- fence_check [5001,1,"15000ms","{\"lock_timeout\":\"5000ms\"}","none"]
 SELECT EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
           WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -185,7 +186,13 @@ SELECT EXISTS (
        (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
           FROM pg_catalog.json_each_text($4::pg_catalog.json) v
           JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
-         AS pinned;
+         AS pinned,
+       pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role,
+       EXISTS (
+         SELECT 1 FROM pg_catalog.pg_cursors c
+          WHERE c.is_holdable
+            AND c.creation_time OPERATOR(pg_catalog.>=) pg_catalog.transaction_timestamp())
+         AS holdable_cursor;
 
 -- unlock [5001,1]
 /* pgleaderlock release 5001 1 */ SELECT s.ok,
