@@ -474,7 +474,12 @@ export class Election {
         controller.signal,
         (fn) => this.fenced(token, fn),
         (session) =>
-          this.#statements.fenceCheck(session, this.#config.settings, this.#facts?.role ?? "none"),
+          this.#statements.fenceCheck(
+            session,
+            this.#config.settings,
+            this.#facts!.role,
+            this.#facts!.sessionAuthorization,
+          ),
       ),
       timer: undefined,
     };

@@ -23,7 +23,8 @@ export { sqlState };
 export interface PgClient {
   /**
    * Runs a statement: SQL text, a named statement npm:pg prepares once per connection, or text
-   * forced through the extended protocol (`queryMode: "extended"`, npm:pg 8.11+).
+   * forced through the extended protocol (`queryMode: "extended"`, npm:pg 8.11+), which is what
+   * this library sends.
    */
   query(
     text:
@@ -65,12 +66,6 @@ const DEFAULT_CONNECT_TIMEOUT_MS = 10_000;
 export class PgSession implements LockSession {
   readonly #client: PgClient;
   #ended = false;
-  /**
-   * Prepared statement names carry a random suffix per session, so that no statement user code
-   * runs on the session (a `DEALLOCATE` then a `PREPARE renew ...`) can put its own SQL under the
-   * name the ownership check runs by.
-   */
-  readonly #nameSuffix = crypto.getRandomValues(new Uint32Array(2)).join("");
   #resolveEnded!: (error: unknown) => void;
   /** See {@linkcode LockSession.ended}. */
   readonly ended: Promise<unknown> = new Promise((resolve) => this.#resolveEnded = resolve);
@@ -125,19 +120,17 @@ export class PgSession implements LockSession {
   }
 
   #send(statement: string | Statement, values: readonly unknown[]): Promise<{ rows: unknown[] }> {
-    // Text (the user's fenced statements, BEGIN/COMMIT) always goes through the extended protocol:
-    // one statement per call, never "SELECT 1; BEGIN" smuggled past a check as a multi-statement.
-    return typeof statement === "string"
-      ? this.#client.query({
-        text: statement,
-        values: values as unknown[],
-        queryMode: "extended",
-      })
-      : this.#client.query({
-        name: `${statement.name}_${this.#nameSuffix}`,
-        text: statement.text,
-        values: values as unknown[],
-      });
+    // Everything goes through the extended protocol as an unnamed statement, parsed where it is
+    // run. Text (the user's fenced statements, BEGIN/COMMIT): one statement per call, never
+    // "SELECT 1; BEGIN" smuggled past a check as a multi-statement. The protocol's own statements:
+    // never prepared under a name, which user code on the session can read from
+    // pg_prepared_statements, DEALLOCATE and PREPARE again with its own SQL (a check that always
+    // says "held") from a DO block that no refusal of the statement's start can see.
+    return this.#client.query({
+      text: typeof statement === "string" ? statement : statement.text,
+      values: values as unknown[],
+      queryMode: "extended",
+    });
   }
 
   /** See {@linkcode LockSession.end}. */

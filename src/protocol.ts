@@ -121,7 +121,8 @@ export const SET_UP: Statement = {
          AS applied,
        pg_catalog.pg_is_in_recovery() AS standby,
        pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
-       pg_catalog.current_setting('role') AS role`,
+       pg_catalog.current_setting('role') AS role,
+       pg_catalog.current_setting('session_authorization') AS session_authorization`,
 };
 
 /**
@@ -277,7 +278,8 @@ export const RENEW: Statement = {
 /**
  * The ownership check before a fenced COMMIT ({@linkcode RENEW}, and the same lease), which also
  * sets the lock's session settings again (`$4`, a JSON object; `idle_session_timeout` is left to
- * the lease) and the session's `role` (`$5`, as set-up found it). Inside the transaction, so that whatever a statement of the term set (`SET
+ * the lease), the session user (`$6`) and the session's `role` (`$5`), as set-up found them.
+ * Inside the transaction, so that whatever a statement of the term set (`SET
  * lock_timeout = '1ms'`, `SET idle_in_transaction_session_timeout = 0`, `SET
  * default_transaction_read_only = on`) is undone when the transaction commits: it would otherwise
  * stay on the session, weakening the lease's bounds for the rest of the term and spinning or
@@ -304,6 +306,8 @@ export const FENCE_CHECK: Statement = {
           FROM pg_catalog.json_each_text($4::pg_catalog.json) v
           JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
          AS pinned,
+       pg_catalog.set_config('session_authorization', $6::pg_catalog.text, false)
+         AS session_authorization,
        pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role,
        EXISTS (
          SELECT 1 FROM pg_catalog.pg_cursors c
@@ -429,6 +433,8 @@ export interface SessionFacts {
    * outlive its transaction.
    */
   readonly role: string;
+  /** The session user after set-up: the check before a fenced COMMIT sets it back first. */
+  readonly sessionAuthorization: string;
 }
 
 /** What the check before a fenced COMMIT found ({@linkcode LockStatements.fenceCheck}). */
@@ -481,6 +487,9 @@ export class LockStatements {
       backendPid: Number(row?.pid ?? 0),
       readOnly: row?.standby === true || row?.read_only === true,
       role: typeof row?.role === "string" ? row.role : "none",
+      sessionAuthorization: typeof row?.session_authorization === "string"
+        ? row.session_authorization
+        : "",
     };
   }
 
@@ -531,6 +540,7 @@ export class LockStatements {
    * @param runner The session, inside the transaction.
    * @param settings From {@linkcode sessionSettings} (`idle_session_timeout` is skipped).
    * @param role The session's `role` after set-up ({@linkcode SessionFacts.role}).
+   * @param sessionAuthorization The session user after set-up.
    * @returns `"held"`, `"not-held"`, or `"holdable-cursor"` when the transaction declared a cursor
    * `WITH HOLD` (whose query COMMIT would run after the check).
    */
@@ -538,6 +548,7 @@ export class LockStatements {
     runner: StatementRunner,
     settings: Readonly<Record<string, string>>,
     role: string,
+    sessionAuthorization: string,
   ): Promise<FenceVerdict> {
     if (this.#pinned?.[0] !== settings) {
       const { idle_session_timeout: _lease, ...rest } = settings;
@@ -548,6 +559,7 @@ export class LockStatements {
       this.#lease,
       this.#pinned[1],
       role,
+      sessionAuthorization,
     ]);
     if (row?.holdable_cursor === true) return "holdable-cursor";
     return row?.held === true ? "held" : "not-held";

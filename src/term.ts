@@ -167,9 +167,18 @@ export class LeaderTerm implements Term {
   ): Promise<T> {
     await session.query("BEGIN");
     let failed: unknown;
+    let closed = false;
     const tx: TermTransaction = {
       query: async (sql, params = []) => {
         checkSql(sql, "transaction");
+        // Once `work` has returned, the commit's statements own the session: a statement sent
+        // now (a `tx` kept past its transaction, a call not awaited) would run after the
+        // ownership check, or outside any transaction.
+        if (closed) {
+          throw new TypeError(
+            "Cannot call tx.query() after its transaction's work returned: await every statement inside the work",
+          );
+        }
         this.signal.throwIfAborted();
         try {
           return await session.query(sql, params);
@@ -180,7 +189,12 @@ export class LeaderTerm implements Term {
       },
     };
     try {
-      const result = await work(tx);
+      let result: T;
+      try {
+        result = await work(tx);
+      } finally {
+        closed = true;
+      }
       // Never commit for a term that is over, nor a transaction PostgreSQL has aborted.
       this.signal.throwIfAborted();
       if (failed !== undefined) {
@@ -223,12 +237,21 @@ const REFUSED_START = new RegExp(
     .raw`^(?:${GAP}|;)*(begin|start|commit|end|rollback|abort|savepoint|release|prepare|discard|reset|deallocate|set${GAP}+(?:session${GAP}+)?(?:"?role"?|"?session"?${GAP}+"?authorization"?))(?![a-z0-9_$])`,
   "i",
 );
+const COPY_FROM_CLIENT = new RegExp(
+  String.raw`^(?:${GAP}|;)*copy(?![a-z0-9_$])[\s\S]*?(?<![a-z0-9_$])from${GAP}+stdin(?![a-z0-9_$])`,
+  "i",
+);
 function checkSql(sql: unknown, method: string): void {
   if (typeof sql !== "string" || sql.trim() === "") {
     throw new TypeError(
       `Cannot call Term.${method}() as 'sql' must be a non-empty string: current value is ${
         typeof sql === "string" ? JSON.stringify(sql) : typeof sql
       }`,
+    );
+  }
+  if (COPY_FROM_CLIENT.test(sql)) {
+    throw new RangeError(
+      `Cannot call Term.${method}() with COPY ... FROM STDIN: the term has no way to send the data, and the session would wait for it past the lease`,
     );
   }
   const refused = REFUSED_START.exec(sql)?.[1];

@@ -176,6 +176,51 @@ Deno.test("user statements through a term cannot break its fence or stall the el
     },
   );
 
+  await t.step(
+    "user code can neither replace the lock's statements nor run after a transaction's check",
+    async () => {
+      await pg.query("TRUNCATE fenced_writes");
+      const keys = freshKeys();
+      const a = new LeaderLock(fastOptions(pg, keys));
+      try {
+        await a.start();
+        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+        const term = a.term!;
+        // Nothing of the lock's is prepared under a name that code on the session could
+        // deallocate or prepare again with its own SQL.
+        const [named] = await term.query(
+          "SELECT count(*)::int AS n FROM pg_prepared_statements WHERE NOT from_sql",
+        );
+        assertEquals(named?.n, 0);
+        await term.query("DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$");
+        await term.query("SELECT 1");
+        assert(a.isLeader, "the lock's own statements still run");
+        // A transaction's tx cannot be used once its work returned.
+        let leaked: { query: (sql: string) => Promise<unknown> } | undefined;
+        await term.transaction(async (tx) => {
+          leaked = tx;
+          await tx.query("INSERT INTO fenced_writes VALUES ('in')");
+        });
+        const late = await leaked!.query("INSERT INTO fenced_writes VALUES ('late')").then(
+          () => undefined,
+          (e) => e,
+        );
+        assert(late instanceof TypeError, String(late));
+        const [rows] = await pg.query("SELECT string_agg(token, ',') AS t FROM fenced_writes");
+        assertEquals(rows?.t, "in");
+        // COPY FROM STDIN would wait for data the term cannot send.
+        const copy = await term.query("COPY fenced_writes FROM STDIN").then(
+          () => undefined,
+          (e) => e,
+        );
+        assert(copy instanceof RangeError, String(copy));
+        assertEquals(await holders(pg, keys), [a.backendPid]);
+      } finally {
+        await a.shutdown();
+      }
+    },
+  );
+
   for (
     const [what, run] of [
       [

@@ -42,7 +42,12 @@ async function rendered(): Promise<string> {
   await bound.acquire(recorder, { wait: true, marked: false });
   await bound.acquire(recorder, { wait: true, marked: true });
   await bound.renew(recorder);
-  await bound.fenceCheck(recorder, { lock_timeout: "5000ms", idle_session_timeout: "0" }, "none");
+  await bound.fenceCheck(
+    recorder,
+    { lock_timeout: "5000ms", idle_session_timeout: "0" },
+    "none",
+    "app",
+  );
   await bound.unlock(recorder);
   await recorder.query(LIST_LOCKS, [5001, 1]);
   return sent.join("\n");

@@ -7,7 +7,8 @@ SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS vers
          AS applied,
        pg_catalog.pg_is_in_recovery() AS standby,
        pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
-       pg_catalog.current_setting('role') AS role;
+       pg_catalog.current_setting('role') AS role,
+       pg_catalog.current_setting('session_authorization') AS session_authorization;
 
 -- try_lock [5001,1,"2000ms"]
 SELECT s.ok,
@@ -173,7 +174,7 @@ SELECT EXISTS (
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease;
 
--- fence_check [5001,1,"15000ms","{\"lock_timeout\":\"5000ms\"}","none"]
+-- fence_check [5001,1,"15000ms","{\"lock_timeout\":\"5000ms\"}","none","app"]
 SELECT EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
           WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -187,6 +188,8 @@ SELECT EXISTS (
           FROM pg_catalog.json_each_text($4::pg_catalog.json) v
           JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
          AS pinned,
+       pg_catalog.set_config('session_authorization', $6::pg_catalog.text, false)
+         AS session_authorization,
        pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role,
        EXISTS (
          SELECT 1 FROM pg_catalog.pg_cursors c
