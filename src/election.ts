@@ -473,13 +473,10 @@ export class Election {
         regained,
         controller.signal,
         (fn) => this.fenced(token, fn),
-        (session) =>
-          this.#statements.fenceCheck(
-            session,
-            this.#config.settings,
-            this.#facts!.role,
-            this.#facts!.sessionAuthorization,
-          ),
+        {
+          open: (session) => this.#statements.fenceOpen(session),
+          close: (session) => this.#closeFence(session),
+        },
       ),
       timer: undefined,
     };
@@ -750,7 +747,7 @@ export class Election {
         if (error instanceof NotHeldError) this.#destroySession();
         throw error;
       }
-      if (this.#term?.token === token && this.#state === "leader") {
+      if (this.#term?.token === token && this.#state === "leader" && !this.#session?.isEnded) {
         // The server's idle timeout restarts after every statement, at the full lease that the
         // acknowledgement armed.
         this.#lease.renew(sentAt);
@@ -800,6 +797,31 @@ export class Election {
     this.#lease.renew(sentAt);
     this.#armTermTimer();
     this.#emit(new RenewedEvent(token, this.#lease.deadline));
+  }
+
+  /**
+   * After a fenced transaction's COMMIT: the ownership check and the session's settings set
+   * again. A session that no longer holds the lock (the transaction's code unlocked it; its writes
+   * committed under the transaction-level hold) or whose check failed is closed, which ends the
+   * term.
+   */
+  async #closeFence(session: LockSession): Promise<void> {
+    const facts = this.#facts!;
+    let held = false;
+    try {
+      held = await this.#statements.fenceClose(
+        session,
+        this.#config.settings,
+        facts.role,
+        facts.sessionAuthorization,
+      );
+    } catch {
+      // The session's end (or the check's failure) ends the term below.
+    }
+    if (!held) {
+      this.#lease.revoke();
+      session.destroy();
+    }
   }
 
   /**

@@ -276,23 +276,44 @@ export const RENEW: Statement = {
 };
 
 /**
- * The ownership check before a fenced COMMIT ({@linkcode RENEW}, and the same lease), which also
- * sets the lock's session settings again (`$4`, a JSON object; `idle_session_timeout` is left to
- * the lease), the session user (`$6`) and the session's `role` (`$5`), as set-up found them.
- * Inside the transaction, so that whatever a statement of the term set (`SET
- * lock_timeout = '1ms'`, `SET idle_in_transaction_session_timeout = 0`, `SET
- * default_transaction_read_only = on`) is undone when the transaction commits: it would otherwise
- * stay on the session, weakening the lease's bounds for the rest of the term and spinning or
- * failing the lock's own statements after a step-down. A setting the server does not know is
- * skipped.
- *
- * Two kinds of user code would run after it, inside COMMIT: deferred triggers (the term runs `SET
- * CONSTRAINTS ALL IMMEDIATE` just before this, which fires them) and the query of a cursor
- * declared `WITH HOLD` in this transaction, which COMMIT runs to completion: `holdable_cursor`
- * says one exists, and the term rolls back instead of committing.
+ * The first statement of a fenced transaction (after BEGIN): when this session holds the lock,
+ * takes the same lock again at transaction level. A session that already holds an advisory lock
+ * gets it again at once, even with other sessions waiting for it; `pg_advisory_unlock_all()` and
+ * `pg_advisory_unlock()` release session-level holds only. So from here until the transaction has
+ * ended (COMMIT included, with the deferred triggers and cursors `WITH HOLD` it runs), no other
+ * session can take the lock, whatever the transaction's own code unlocks: its writes commit while
+ * this session holds the lock, or not at all. `held` is false (and nothing is taken) when the
+ * session no longer holds the lock.
  */
-export const FENCE_CHECK: Statement = {
-  name: "fence_check",
+export const FENCE_OPEN: Statement = {
+  name: "fence_open",
+  text: `SELECT CASE WHEN EXISTS (
+           SELECT 1 FROM pg_catalog.pg_locks l
+            WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+              AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                 WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+              AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+              AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+              AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+         THEN pg_catalog.pg_try_advisory_xact_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
+         ELSE false END AS held`,
+};
+
+/**
+ * The statement after a fenced transaction's COMMIT: whether this session still holds the lock
+ * (code of the transaction may have unlocked it: its writes committed under the transaction-level
+ * hold of {@linkcode FENCE_OPEN}, and the term ends now), the lease re-armed as {@linkcode RENEW}
+ * does, and the lock's session settings set again (`$4`, a JSON object; `idle_session_timeout` is
+ * left to the lease), then the session user (`$6`) and the session's `role` (`$5`) as set-up found
+ * them. After COMMIT, so after every piece of the transaction's code (deferred triggers included):
+ * whatever a statement of the term set (`SET lock_timeout = '1ms'`, `SET
+ * idle_in_transaction_session_timeout = 0`, `SET default_transaction_read_only = on`,
+ * `set_config('role', ...)`) does not outlive the transaction, where it would weaken the lease's
+ * bounds for the rest of the term, or spin or fail the lock's own statements after a step-down. A
+ * setting the server does not know is skipped.
+ */
+export const FENCE_CLOSE: Statement = {
+  name: "fence_close",
   text: `SELECT EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
           WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -308,12 +329,7 @@ export const FENCE_CHECK: Statement = {
          AS pinned,
        pg_catalog.set_config('session_authorization', $6::pg_catalog.text, false)
          AS session_authorization,
-       pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role,
-       EXISTS (
-         SELECT 1 FROM pg_catalog.pg_cursors c
-          WHERE c.is_holdable
-            AND c.creation_time OPERATOR(pg_catalog.>=) pg_catalog.transaction_timestamp())
-         AS holdable_cursor`,
+       pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role`,
 };
 
 /**
@@ -437,9 +453,6 @@ export interface SessionFacts {
   readonly sessionAuthorization: string;
 }
 
-/** What the check before a fenced COMMIT found ({@linkcode LockStatements.fenceCheck}). */
-export type FenceVerdict = "held" | "not-held" | "holdable-cursor";
-
 /** Options of {@linkcode LockStatements.acquire}. */
 export interface AcquireOptions {
   /** Wait in the lock queue for one window (else try once). */
@@ -534,35 +547,45 @@ export class LockStatements {
   }
 
   /**
-   * The check before a fenced COMMIT ({@linkcode FENCE_CHECK}): {@linkcode renew}, and the
-   * session's settings set again.
+   * Opens a fenced transaction's hold ({@linkcode FENCE_OPEN}), right after BEGIN.
    *
    * @param runner The session, inside the transaction.
+   * @returns `true` when this session holds the lock (and now also holds it until the transaction
+   * ends).
+   */
+  async fenceOpen(runner: StatementRunner): Promise<boolean> {
+    const [row] = await runner.query(FENCE_OPEN, this.#keys);
+    return row?.held === true;
+  }
+
+  /**
+   * Closes a fenced transaction ({@linkcode FENCE_CLOSE}), right after its COMMIT: the ownership
+   * check, the lease, and the session's settings, user and role set again.
+   *
+   * @param runner The session.
    * @param settings From {@linkcode sessionSettings} (`idle_session_timeout` is skipped).
    * @param role The session's `role` after set-up ({@linkcode SessionFacts.role}).
    * @param sessionAuthorization The session user after set-up.
-   * @returns `"held"`, `"not-held"`, or `"holdable-cursor"` when the transaction declared a cursor
-   * `WITH HOLD` (whose query COMMIT would run after the check).
+   * @returns `true` when this session still holds the lock.
    */
-  async fenceCheck(
+  async fenceClose(
     runner: StatementRunner,
     settings: Readonly<Record<string, string>>,
     role: string,
     sessionAuthorization: string,
-  ): Promise<FenceVerdict> {
+  ): Promise<boolean> {
     if (this.#pinned?.[0] !== settings) {
       const { idle_session_timeout: _lease, ...rest } = settings;
       this.#pinned = [settings, JSON.stringify(rest)];
     }
-    const [row] = await runner.query(FENCE_CHECK, [
+    const [row] = await runner.query(FENCE_CLOSE, [
       ...this.#keys,
       this.#lease,
       this.#pinned[1],
       role,
       sessionAuthorization,
     ]);
-    if (row?.holdable_cursor === true) return "holdable-cursor";
-    return row?.held === true ? "held" : "not-held";
+    return row?.held === true;
   }
 
   /**

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import type { FenceVerdict, Row } from "./protocol.ts";
+import type { Row } from "./protocol.ts";
 import { PgLeaderLockError } from "./errors.ts";
 import type { LockSession } from "./session.ts";
 
@@ -78,8 +78,19 @@ export interface Term {
 /** How a term reaches its session: the election's fenced runner for this term's token. */
 export type FencedRunner = <T>(fn: (session: LockSession) => Promise<T>) => Promise<T>;
 
-/** Whether the session still holds the lock (the ownership check), run inside a transaction. */
-export type OwnershipCheck = (session: LockSession) => Promise<FenceVerdict>;
+/** The two ends of a fenced transaction, on the term's session. */
+export interface TransactionFence {
+  /**
+   * Right after BEGIN: `true` when the session holds the lock, which it then holds until the
+   * transaction ends whatever the transaction's code unlocks.
+   */
+  open(session: LockSession): Promise<void | boolean>;
+  /**
+   * Right after COMMIT: checks the session still holds the lock (ending the term if not) and sets
+   * the session's settings again.
+   */
+  close(session: LockSession): Promise<void>;
+}
 
 /** The {@linkcode Term} the election hands out. */
 export class LeaderTerm implements Term {
@@ -90,7 +101,7 @@ export class LeaderTerm implements Term {
   /** See {@linkcode Term.signal}. */
   readonly signal: AbortSignal;
   readonly #fenced: FencedRunner;
-  readonly #holds: OwnershipCheck;
+  readonly #fence: TransactionFence;
   /** Whether a transaction of this term holds the session. */
   #inTransaction = false;
 
@@ -108,13 +119,13 @@ export class LeaderTerm implements Term {
     regained: boolean,
     signal: AbortSignal,
     fenced: FencedRunner,
-    holds: OwnershipCheck,
+    fence: TransactionFence,
   ) {
     this.fencingToken = fencingToken;
     this.regained = regained;
     this.signal = signal;
     this.#fenced = fenced;
-    this.#holds = holds;
+    this.#fence = fence;
   }
 
   /** See {@linkcode Term.query}. */
@@ -166,14 +177,25 @@ export class LeaderTerm implements Term {
     work: (tx: TermTransaction) => Promise<T>,
   ): Promise<T> {
     await session.query("BEGIN");
+    try {
+      // The fence: from here to the end of COMMIT no other session can take the lock.
+      if ((await this.#fence.open(session)) !== true) {
+        throw new NotHeldError(
+          "The lock's session no longer held the lock: the transaction was rolled back before its work ran",
+        );
+      }
+    } catch (error) {
+      if (!session.isEnded) await session.query("ROLLBACK").catch(() => {});
+      throw error;
+    }
     let failed: unknown;
     let closed = false;
     const tx: TermTransaction = {
       query: async (sql, params = []) => {
         checkSql(sql, "transaction");
         // Once `work` has returned, the commit's statements own the session: a statement sent
-        // now (a `tx` kept past its transaction, a call not awaited) would run after the
-        // ownership check, or outside any transaction.
+        // now (a `tx` kept past its transaction, a call not awaited) would run outside the
+        // fenced transaction.
         if (closed) {
           throw new TypeError(
             "Cannot call tx.query() after its transaction's work returned: await every statement inside the work",
@@ -188,8 +210,8 @@ export class LeaderTerm implements Term {
         }
       },
     };
+    let result: T;
     try {
-      let result: T;
       try {
         result = await work(tx);
       } finally {
@@ -202,28 +224,15 @@ export class LeaderTerm implements Term {
           cause: failed,
         });
       }
-      // Deferred triggers would run inside COMMIT, after the check: fire them now.
-      await session.query("SET CONSTRAINTS ALL IMMEDIATE");
-      // The commit's fence: the session must hold the lock now, whatever the transaction's own
-      // statements did (pg_advisory_unlock_all() included).
-      const verdict = await this.#holds(session);
-      if (verdict === "holdable-cursor") {
-        throw new RangeError(
-          "Cannot commit a term's transaction that declared a cursor WITH HOLD: COMMIT would run its query after the ownership check; the transaction was rolled back",
-        );
-      }
-      if (verdict !== "held") {
-        throw new NotHeldError(
-          "The lock's session no longer held the lock: the transaction was rolled back",
-        );
-      }
-      this.signal.throwIfAborted();
       await session.query("COMMIT");
-      return result;
     } catch (error) {
       if (!session.isEnded) await session.query("ROLLBACK").catch(() => {});
       throw error;
     }
+    // Committed under the fence. If the transaction's code gave the session's hold up, the term
+    // ends now (the close ends the session); the writes stand.
+    await this.#fence.close(session);
+    return result;
   }
 }
 

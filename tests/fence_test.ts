@@ -5,7 +5,7 @@
  * whose session gave the lock up midway.
  */
 import { assert, assertEquals } from "./_assert.ts";
-import { fastOptions, freshKeys, holders, untilQueued } from "./_helpers.ts";
+import { fastOptions, freshKeys, holders, until, untilQueued } from "./_helpers.ts";
 import { LeaderLock, type Term } from "../mod.ts";
 import { startPostgres } from "../testing.ts";
 
@@ -26,7 +26,7 @@ Deno.test("user statements through a term cannot break its fence or stall the el
   // A deferred constraint trigger would run inside COMMIT, after the ownership check.
   await pg.query(`CREATE TABLE deferred_jobs (id int);
     CREATE FUNCTION deferred_done() RETURNS trigger LANGUAGE plpgsql AS
-      'BEGIN PERFORM pg_advisory_unlock_all(); RETURN NEW; END';
+      'BEGIN PERFORM pg_advisory_unlock_all(); PERFORM pg_sleep(0.4); RETURN NEW; END';
     CREATE CONSTRAINT TRIGGER deferred_done AFTER INSERT ON deferred_jobs
       DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION deferred_done();
     GRANT ALL ON deferred_jobs TO PUBLIC`);
@@ -144,37 +144,53 @@ Deno.test("user statements through a term cannot break its fence or stall the el
     },
   );
 
-  await t.step(
-    "a transaction that declares a cursor WITH HOLD is rolled back: COMMIT would run its query after the check",
-    async () => {
-      await pg.query("TRUNCATE fenced_writes");
-      const keys = freshKeys();
-      const a = new LeaderLock(fastOptions(pg, keys));
-      try {
-        await a.start();
-        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-        const term = a.term!;
-        const error = await term.transaction(async (tx) => {
-          await tx.query("INSERT INTO fenced_writes VALUES ('held-cursor')");
-          await tx.query("DECLARE c CURSOR WITH HOLD FOR SELECT pg_advisory_unlock_all()");
-        }).then(() => undefined, (e) => e);
-        assert(error instanceof RangeError, String(error));
-        assert(/WITH HOLD/.test(error.message), error.message);
-        const single = await term.query("DECLARE d CURSOR WITH HOLD FOR SELECT 1").then(
-          () => undefined,
-          (e) => e,
-        );
-        assert(single instanceof RangeError, String(single));
-        // Nothing committed, the cursor's query never ran, and a still leads.
-        assertEquals((await pg.query("SELECT count(*)::int AS n FROM fenced_writes"))[0]?.n, 0);
-        assertEquals(await holders(pg, keys), [a.backendPid]);
-        assert(a.isLeader);
-        await term.query("SELECT 1");
-      } finally {
-        await a.shutdown();
-      }
-    },
-  );
+  for (
+    const [what, sql] of [
+      ["a statement that unlocks and runs on", "SELECT give_up_locks(), pg_sleep(0.4)"],
+      [
+        "a cursor WITH HOLD, whose query COMMIT runs",
+        "DECLARE c CURSOR WITH HOLD FOR SELECT pg_advisory_unlock_all(), pg_sleep(0.4)",
+      ],
+      ["a deferred trigger, which COMMIT runs", "INSERT INTO deferred_jobs VALUES (2)"],
+    ] as const
+  ) {
+    await t.step(
+      `${what}: no other process leads until the transaction has ended, and its write stands`,
+      async () => {
+        await pg.query("TRUNCATE fenced_writes, deferred_jobs");
+        const keys = freshKeys();
+        const options = { healthIntervalMs: 5000, leaseMs: 15_000 };
+        const a = new LeaderLock(fastOptions(pg, keys, options));
+        const b = new LeaderLock(fastOptions(pg, keys, options));
+        try {
+          await a.start();
+          assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+          await b.start();
+          await untilQueued(pg, b);
+          const term = a.term!;
+          const running = term.transaction(async (tx) => {
+            await tx.query("INSERT INTO fenced_writes VALUES ('a')");
+            await tx.query(sql);
+          });
+          // The session's hold is gone by now, but the transaction's hold keeps b waiting.
+          await new Promise((resolve) => setTimeout(resolve, 200));
+          assertEquals(await holders(pg, keys), [a.backendPid]);
+          assert(!b.isLeader, "b leads while a's transaction runs");
+          await running;
+          assert(await b.waitForLeadership({ timeoutMs: 5000 }), "b leads after it");
+          await until(() => term.signal.aborted, 5000, "a's term to end");
+          assert(!a.isLeader);
+          await b.term!.query("INSERT INTO fenced_writes VALUES ('b')");
+          const [rows] = await pg.query(
+            "SELECT string_agg(token, ',' ORDER BY token) AS t FROM fenced_writes",
+          );
+          assertEquals(rows?.t, "a,b");
+        } finally {
+          await Promise.all([a.shutdown(), b.shutdown()]);
+        }
+      },
+    );
+  }
 
   await t.step(
     "user code can neither replace the lock's statements nor run after a transaction's check",
@@ -222,20 +238,26 @@ Deno.test("user statements through a term cannot break its fence or stall the el
   );
 
   for (
-    const [what, run] of [
+    const [what, expected, run] of [
       [
         "a transaction",
+        1,
         (term: Term) =>
           term.transaction(async (tx) => {
             await tx.query("INSERT INTO fenced_writes VALUES ('after-unlock')");
             await tx.query("SELECT give_up_locks()");
           }),
       ],
-      ["a statement calling a function", (term: Term) => term.query("SELECT give_up_locks()")],
-      ["a statement firing a trigger", (term: Term) => term.query("INSERT INTO jobs VALUES (1)")],
-      ["a direct unlock", (term: Term) => term.query("SELECT pg_advisory_unlock_all()")],
+      ["a statement calling a function", 0, (term: Term) => term.query("SELECT give_up_locks()")],
+      [
+        "a statement firing a trigger",
+        1,
+        (term: Term) => term.query("INSERT INTO jobs VALUES (1)"),
+      ],
+      ["a direct unlock", 0, (term: Term) => term.query("SELECT pg_advisory_unlock_all()")],
       [
         "a deferred trigger",
+        2,
         (term: Term) =>
           term.transaction(async (tx) => {
             await tx.query("INSERT INTO fenced_writes VALUES ('deferred')");
@@ -244,32 +266,39 @@ Deno.test("user statements through a term cannot break its fence or stall the el
       ],
     ] as const
   ) {
-    await t.step(`${what} that gives the lock up is rolled back and ends the term`, async () => {
-      await pg.query("TRUNCATE fenced_writes, jobs, deferred_jobs");
-      const keys = freshKeys();
-      const a = new LeaderLock(fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15_000 }));
-      const b = new LeaderLock(fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15_000 }));
-      try {
-        await a.start();
-        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-        await b.start();
-        await untilQueued(pg, b);
-        const term = a.term!;
-        const outcome = await run(term).then(() => "committed", (error: Error) => error.message);
-        assert(/no longer held the lock/.test(outcome), outcome);
-        // Nothing it wrote committed, its term ended at once (not at the next health check, 5 s
-        // away), and b leads.
-        const written = await pg.query(
-          `SELECT (SELECT count(*) FROM fenced_writes)::int + (SELECT count(*) FROM jobs)::int +
-                  (SELECT count(*) FROM deferred_jobs)::int AS n`,
+    await t.step(
+      `${what} that gives the lock up commits under the fence and ends the term`,
+      async () => {
+        await pg.query("TRUNCATE fenced_writes, jobs, deferred_jobs");
+        const keys = freshKeys();
+        const a = new LeaderLock(
+          fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15_000 }),
         );
-        assertEquals(written[0]?.n, 0);
-        assert(await b.waitForLeadership({ timeoutMs: 5000 }), "b leads");
-        assert(term.signal.aborted, "a's term ended");
-        assert(!a.isLeader);
-      } finally {
-        await Promise.all([a.shutdown(), b.shutdown()]);
-      }
-    });
+        const b = new LeaderLock(
+          fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15_000 }),
+        );
+        try {
+          await a.start();
+          assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+          await b.start();
+          await untilQueued(pg, b);
+          const term = a.term!;
+          const outcome = await run(term).then(() => "committed", (error: Error) => error.message);
+          assertEquals(outcome, "committed");
+          // Its term ended at once (not at the next health check, 5 s away), and only then, with
+          // what it wrote committed, could b lead.
+          assert(term.signal.aborted, "a's term ended");
+          assert(!a.isLeader);
+          assert(await b.waitForLeadership({ timeoutMs: 5000 }), "b leads");
+          const [written] = await pg.query(
+            `SELECT (SELECT count(*) FROM fenced_writes)::int + (SELECT count(*) FROM jobs)::int +
+                  (SELECT count(*) FROM deferred_jobs)::int AS n`,
+          );
+          assertEquals(written?.n, expected);
+        } finally {
+          await Promise.all([a.shutdown(), b.shutdown()]);
+        }
+      },
+    );
   }
 });

@@ -5,7 +5,8 @@
 import { assert, assertEquals } from "./_assert.ts";
 import {
   ackWindowMs,
-  FENCE_CHECK,
+  FENCE_CLOSE,
+  FENCE_OPEN,
   LockStatements,
   RENEW,
   SET_UP,
@@ -21,7 +22,8 @@ const STATEMENTS: readonly Statement[] = [
   TRY_LOCK,
   WAIT_LOCK,
   RENEW,
-  FENCE_CHECK,
+  FENCE_OPEN,
+  FENCE_CLOSE,
   UNLOCK,
   LIST_LOCKS,
 ];
@@ -42,7 +44,8 @@ async function rendered(): Promise<string> {
   await bound.acquire(recorder, { wait: true, marked: false });
   await bound.acquire(recorder, { wait: true, marked: true });
   await bound.renew(recorder);
-  await bound.fenceCheck(
+  await bound.fenceOpen(recorder);
+  await bound.fenceClose(
     recorder,
     { lock_timeout: "5000ms", idle_session_timeout: "0" },
     "none",

@@ -174,7 +174,19 @@ SELECT EXISTS (
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease;
 
--- fence_check [5001,1,"15000ms","{\"lock_timeout\":\"5000ms\"}","none","app"]
+-- fence_open [5001,1]
+SELECT CASE WHEN EXISTS (
+           SELECT 1 FROM pg_catalog.pg_locks l
+            WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+              AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                 WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+              AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+              AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+              AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+         THEN pg_catalog.pg_try_advisory_xact_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
+         ELSE false END AS held;
+
+-- fence_close [5001,1,"15000ms","{\"lock_timeout\":\"5000ms\"}","none","app"]
 SELECT EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
           WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -190,12 +202,7 @@ SELECT EXISTS (
          AS pinned,
        pg_catalog.set_config('session_authorization', $6::pg_catalog.text, false)
          AS session_authorization,
-       pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role,
-       EXISTS (
-         SELECT 1 FROM pg_catalog.pg_cursors c
-          WHERE c.is_holdable
-            AND c.creation_time OPERATOR(pg_catalog.>=) pg_catalog.transaction_timestamp())
-         AS holdable_cursor;
+       pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role;
 
 -- unlock [5001,1]
 /* pgleaderlock release 5001 1 */ SELECT s.ok,
