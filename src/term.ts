@@ -36,6 +36,47 @@ export interface Term {
    */
   readonly signal: AbortSignal;
   /**
+   * Runs one statement on the lock's own session, in a fenced transaction of its own: it first
+   * takes the lock again at transaction level (granted at once to the session that holds it;
+   * `pg_advisory_unlock_all()` releases only the session-level hold), so no other session can
+   * take the lock until the transaction, COMMIT included, has ended. A statement that reaches the
+   * server after the lock moved finds the session gone or rolls back before running; one that
+   * gives the lock up itself (a function or trigger calling `pg_advisory_unlock_all()`) commits
+   * under that hold and ends the term right after. Refused once the term has ended or its lease
+   * ran out (a process that wakes from a pause finds it refused). Statements take turns with the
+   * lock's health checks; each one that succeeds also proves ownership and renews the lease. A
+   * failing statement ends the term only if the session died. Bounded by the lease
+   * (`statement_timeout`). A setting it changes (`SET lock_timeout ...`) lasts until its
+   * transaction ends: the statement after COMMIT sets the lock's own settings again (use `SET
+   * LOCAL` inside {@linkcode Term.transaction}). One statement per call (the extended protocol).
+   * Refused (a rejected promise): transaction control (use {@linkcode Term.transaction}),
+   * `DISCARD`, `RESET`, `DEALLOCATE`, `SET ROLE` / `SET SESSION AUTHORIZATION`, `COPY ... FROM
+   * STDIN`, statements that cannot run in a transaction block (by PostgreSQL), and any call while
+   * a transaction of the term runs.
+   *
+   * @param sql The SQL, with `$n` placeholders.
+   * @param params The parameters.
+   * @returns The rows.
+   * @throws {LeadershipEndedError} When the term ended (the transaction will roll back).
+   */
+  query(sql: string, params?: readonly unknown[]): Promise<Row[]>;
+}
+
+/**
+ * One term of leadership: from the grant to the moment leadership ends, for whatever reason.
+ * Every term has its own fencing token and signal; a lock regained after a reconnect is a new term.
+ */
+export interface Term {
+  /** The term's fencing token: greater than every earlier term's on the cluster. */
+  readonly fencingToken: bigint;
+  /** Whether the term follows a reconnect within `reconnectGraceMs`. */
+  readonly regained: boolean;
+  /**
+   * Aborted the moment the term ends: session lost, lease deadline, `stepDown()`/`shutdown()`
+   * (before the unlock is sent). Its `reason` is a `LeadershipEndedError`.
+   */
+  readonly signal: AbortSignal;
+  /**
    * Runs one statement on the lock's own session, in a transaction of its own whose COMMIT is
    * preceded by an ownership check, so that it takes effect only while that session holds the
    * lock: a statement that reaches the server after the lock moved finds the session gone, and
@@ -61,12 +102,12 @@ export interface Term {
    */
   query(sql: string, params?: readonly unknown[]): Promise<Row[]>;
   /**
-   * Runs `work` in a transaction on the lock's own session: it commits only if the term is still
-   * current when `work` returns, and while the session holds the lock: an ownership check runs
-   * inside the transaction right before its COMMIT. It rolls back when `work` throws, a statement
-   * failed, the check failed, or the term ended. While it runs it holds the lock's session: run
-   * its statements through `tx.query()` (same refusals as {@linkcode Term.query}); `term.query()`
-   * and another `term.transaction()` are refused until it ends.
+   * Runs `work` in a fenced transaction on the lock's own session (see {@linkcode Term.query}):
+   * no other session can take the lock until it has ended, and it commits only if the term is
+   * still current when `work` returns. It rolls back when `work` throws, a statement failed, or the
+   * term ended. While it runs it holds the lock's session: run its statements through
+   * `tx.query()`, awaited (same refusals as {@linkcode Term.query}; refused once `work` has
+   * returned); `term.query()` and another `term.transaction()` are refused until it ends.
    *
    * @param work The transaction's statements.
    * @returns What `work` returns.
@@ -132,8 +173,9 @@ export class LeaderTerm implements Term {
   async query(sql: string, params: readonly unknown[] = []): Promise<Row[]> {
     checkSql(sql, "query");
     this.#refuseDuringTransaction("query");
-    // Its own transaction, with the ownership check before COMMIT: a statement that gives the lock
-    // up itself (a function, procedure or trigger calling pg_advisory_unlock_all()) rolls back.
+    // Its own fenced transaction: a statement that gives the lock up itself (a function,
+    // procedure or trigger calling pg_advisory_unlock_all()) commits under the transaction's hold
+    // and ends the term.
     return await this.#fencedTransaction((tx) => tx.query(sql, params));
   }
 
@@ -272,8 +314,8 @@ function checkSql(sql: unknown, method: string): void {
 }
 
 /**
- * The ownership check before a fenced COMMIT failed: the session gave the lock up (the election
- * closes it, which ends the term).
+ * A fenced transaction found, right after its BEGIN, that the session no longer held the lock:
+ * nothing of its work ran (the election closes the session, which ends the term).
  */
 export class NotHeldError extends PgLeaderLockError {
   /**
