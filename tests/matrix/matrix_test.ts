@@ -92,6 +92,14 @@ for (const version of VERSIONS) {
         try {
           await a.start();
           assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+          // Fenced statements work for a role with only CONNECT, and keep the term.
+          const term = a.term!;
+          const [row] = await term.query("SELECT current_user AS u, $1::int8 AS token", [
+            String(term.fencingToken),
+          ]);
+          assertEquals(row?.u, role.user);
+          assertEquals(await term.transaction((tx) => tx.query("SELECT 1 AS one")), [{ one: 1 }]);
+          assert(a.isLeader && !term.signal.aborted, "the term goes on");
           await b.start();
           const info = await whoLeads({ dsn, ...keys });
           assertEquals(info.holder?.identity, "plain-a");
