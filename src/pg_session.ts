@@ -35,6 +35,8 @@ export interface PgClient {
   ): Promise<{ rows: unknown[] }>;
   /** Ends the connection. */
   end(): Promise<void>;
+  /** The transaction status of the last ReadyForQuery (`"I"`, `"T"`, `"E"`; npm:pg 8.12+). */
+  getTransactionStatus?(): string | null;
   /** Adds a listener ('error', 'end'). */
   on(event: "error" | "end", listener: (error: Error) => void): unknown;
   /** Removes a listener. */
@@ -95,6 +97,12 @@ export class PgSession implements LockSession {
   /** See {@linkcode LockSession.backendPid}. */
   get backendPid(): number {
     return (this.#client as unknown as { processID: number | null }).processID ?? 0;
+  }
+
+  /** See {@linkcode LockSession.transactionStatus}. */
+  transactionStatus(): "I" | "T" | "E" | undefined {
+    const status = this.#client.getTransactionStatus?.();
+    return status === "I" || status === "T" || status === "E" ? status : undefined;
   }
 
   /** See {@linkcode LockSession.isEnded}. */

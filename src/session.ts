@@ -35,6 +35,11 @@ export interface LockSession {
   end(timeoutMs: number): Promise<void>;
   /** Closes the socket at once, without waiting for anything. */
   destroy(): void;
+  /**
+   * The server's transaction status after the last statement: `"I"` idle, `"T"` in a
+   * transaction, `"E"` in a failed transaction; `undefined` when the driver does not say.
+   */
+  transactionStatus?(): "I" | "T" | "E" | undefined;
 }
 
 /**

@@ -42,56 +42,17 @@ export interface Term {
    * take the lock until the transaction, COMMIT included, has ended. A statement that reaches the
    * server after the lock moved finds the session gone or rolls back before running; one that
    * gives the lock up itself (a function or trigger calling `pg_advisory_unlock_all()`) commits
-   * under that hold and ends the term right after. Refused once the term has ended or its lease
-   * ran out (a process that wakes from a pause finds it refused). Statements take turns with the
-   * lock's health checks; each one that succeeds also proves ownership and renews the lease. A
-   * failing statement ends the term only if the session died. Bounded by the lease
-   * (`statement_timeout`). A setting it changes (`SET lock_timeout ...`) lasts until its
-   * transaction ends: the statement after COMMIT sets the lock's own settings again (use `SET
-   * LOCAL` inside {@linkcode Term.transaction}). One statement per call (the extended protocol).
-   * Refused (a rejected promise): transaction control (use {@linkcode Term.transaction}),
-   * `DISCARD`, `RESET`, `DEALLOCATE`, `SET ROLE` / `SET SESSION AUTHORIZATION`, `COPY ... FROM
-   * STDIN`, statements that cannot run in a transaction block (by PostgreSQL), and any call while
-   * a transaction of the term runs.
-   *
-   * @param sql The SQL, with `$n` placeholders.
-   * @param params The parameters.
-   * @returns The rows.
-   * @throws {LeadershipEndedError} When the term ended (the transaction will roll back).
-   */
-  query(sql: string, params?: readonly unknown[]): Promise<Row[]>;
-}
-
-/**
- * One term of leadership: from the grant to the moment leadership ends, for whatever reason.
- * Every term has its own fencing token and signal; a lock regained after a reconnect is a new term.
- */
-export interface Term {
-  /** The term's fencing token: greater than every earlier term's on the cluster. */
-  readonly fencingToken: bigint;
-  /** Whether the term follows a reconnect within `reconnectGraceMs`. */
-  readonly regained: boolean;
-  /**
-   * Aborted the moment the term ends: session lost, lease deadline, `stepDown()`/`shutdown()`
-   * (before the unlock is sent). Its `reason` is a `LeadershipEndedError`.
-   */
-  readonly signal: AbortSignal;
-  /**
-   * Runs one statement on the lock's own session, in a transaction of its own whose COMMIT is
-   * preceded by an ownership check, so that it takes effect only while that session holds the
-   * lock: a statement that reaches the server after the lock moved finds the session gone, and
-   * one that gives the lock up itself (a function or trigger calling `pg_advisory_unlock_all()`)
-   * is rolled back and ends the term. Refused once the term has ended or its lease ran out (a
-   * process that wakes from a pause finds it refused). Statements take turns with the lock's
-   * health checks; each one that succeeds also proves ownership and renews the lease. A failing
-   * statement ends the term only if the session died. Bounded by the lease
-   * (`statement_timeout`). A setting it changes (`SET lock_timeout ...`) lasts until its
-   * transaction commits: the check before COMMIT sets the lock's own settings again (use `SET
-   * LOCAL` inside {@linkcode Term.transaction}). One statement per call (the extended protocol).
-   * Refused (a rejected promise): transaction control (use {@linkcode Term.transaction}),
-   * `DISCARD`, `RESET`, `DEALLOCATE`, `SET ROLE` / `SET SESSION AUTHORIZATION`, statements that
-   * cannot run in a transaction block (by PostgreSQL), and any call while a transaction of the
-   * term runs.
+   * under that hold and ends the term right after (as does one that gives it up and then fails).
+   * Refused once the term has ended or its lease ran out (a process that wakes from a pause finds
+   * it refused). Statements take turns with the lock's health checks; each one that succeeds also
+   * proves ownership and renews the lease. A failing statement ends the term only if the session
+   * died or gave the lock up. Bounded by the lease (`statement_timeout`). A setting it changes
+   * (`SET lock_timeout ...`) lasts until its transaction ends: the statement after it sets the
+   * lock's own settings again (use `SET LOCAL` inside {@linkcode Term.transaction}). One statement
+   * per call (the extended protocol). Refused (a rejected promise): transaction control (use
+   * {@linkcode Term.transaction}), `DISCARD`, `RESET`, `DEALLOCATE`, `SET ROLE` / `SET SESSION
+   * AUTHORIZATION`, `COPY ... FROM STDIN`, statements that cannot run in a transaction block (by
+   * PostgreSQL), and any call while a transaction of the term runs.
    *
    * @param sql The SQL, with `$n` placeholders.
    * @param params The parameters.
@@ -230,6 +191,21 @@ export class LeaderTerm implements Term {
       if (!session.isEnded) await session.query("ROLLBACK").catch(() => {});
       throw error;
     }
+    try {
+      return await this.#fencedWork(session, work);
+    } catch (error) {
+      // Rolled back, but an advisory unlock is not undone by ROLLBACK: if the transaction's code
+      // gave the session's hold up, the term must end now, not at the next health check.
+      if (!session.isEnded) await this.#fence.close(session);
+      throw error;
+    }
+  }
+
+  /** The part of {@linkcode #transaction} inside the fence: the work, then COMMIT. */
+  async #fencedWork<T>(
+    session: LockSession,
+    work: (tx: TermTransaction) => Promise<T>,
+  ): Promise<T> {
     let failed: unknown;
     let closed = false;
     const tx: TermTransaction = {
@@ -244,12 +220,23 @@ export class LeaderTerm implements Term {
           );
         }
         this.signal.throwIfAborted();
+        let rows: Row[];
         try {
-          return await session.query(sql, params);
+          rows = await session.query(sql, params);
         } catch (error) {
           failed ??= error;
           throw error;
         }
+        // A statement that ended the transaction got past the refusals: nothing after it may
+        // run, unfenced.
+        if (session.transactionStatus?.() === "I") {
+          closed = true;
+          failed ??= new RangeError("A statement ended the term's transaction");
+          throw new RangeError(
+            "Cannot run a statement that ends the term's transaction: the rest of the work is refused",
+          );
+        }
+        return rows;
       },
     };
     let result: T;
@@ -282,16 +269,49 @@ export class LeaderTerm implements Term {
  * Statements that would end the fence from inside it: transaction control (the term manages the
  * transaction), session resets and role changes, and deallocating the protocol's statements.
  */
-const GAP = String.raw`(?:\s|--[^\n]*\n|\/\*[\s\S]*?\*\/)`;
+const GAP = String.raw`(?:\s|--[^\n\r]*(?:[\n\r]|$)|\/\*[\s\S]*?\*\/)`;
 const REFUSED_START = new RegExp(
   String
-    .raw`^(?:${GAP}|;)*(begin|start|commit|end|rollback|abort|savepoint|release|prepare|discard|reset|deallocate|set${GAP}+(?:session${GAP}+)?(?:"?role"?|"?session"?${GAP}+"?authorization"?))(?![a-z0-9_$])`,
+    .raw`^(begin|start|commit|end|rollback|abort|savepoint|release|prepare|discard|reset|deallocate|set${GAP}+(?:session${GAP}+)?(?:"?role"?|"?session"?${GAP}+"?authorization"?))(?![a-z0-9_$])`,
   "i",
 );
 const COPY_FROM_CLIENT = new RegExp(
-  String.raw`^(?:${GAP}|;)*copy(?![a-z0-9_$])[\s\S]*?(?<![a-z0-9_$])from${GAP}+stdin(?![a-z0-9_$])`,
+  String.raw`^copy(?![a-z0-9_$])[\s\S]*?(?<![a-z0-9_$])from${GAP}+stdin(?![a-z0-9_$])`,
   "i",
 );
+
+/**
+ * `sql` from its first token: past whitespace, `;` and comments as PostgreSQL reads them (`--` to
+ * the end of the line, which `\r` ends as well as `\n`; `/* *\/` nested).
+ */
+function firstToken(sql: string): string {
+  let i = 0;
+  while (i < sql.length) {
+    const c = sql[i]!;
+    if (/\s|;/.test(c)) {
+      i++;
+    } else if (sql.startsWith("--", i)) {
+      while (i < sql.length && sql[i] !== "\n" && sql[i] !== "\r") i++;
+    } else if (sql.startsWith("/*", i)) {
+      let depth = 0;
+      do {
+        if (sql.startsWith("/*", i)) {
+          depth++;
+          i += 2;
+        } else if (sql.startsWith("*/", i)) {
+          depth--;
+          i += 2;
+        } else {
+          i++;
+        }
+      } while (depth > 0 && i < sql.length);
+    } else {
+      break;
+    }
+  }
+  return sql.slice(i);
+}
+
 function checkSql(sql: unknown, method: string): void {
   if (typeof sql !== "string" || sql.trim() === "") {
     throw new TypeError(
@@ -300,12 +320,13 @@ function checkSql(sql: unknown, method: string): void {
       }`,
     );
   }
-  if (COPY_FROM_CLIENT.test(sql)) {
+  const start = firstToken(sql);
+  if (COPY_FROM_CLIENT.test(start)) {
     throw new RangeError(
       `Cannot call Term.${method}() with COPY ... FROM STDIN: the term has no way to send the data, and the session would wait for it past the lease`,
     );
   }
-  const refused = REFUSED_START.exec(sql)?.[1];
+  const refused = REFUSED_START.exec(start)?.[1];
   if (refused !== undefined) {
     throw new RangeError(
       `Cannot call Term.${method}() with a statement that uses '${refused}': on the lock's own session it would end or weaken the fence (use Term.transaction() for transactions)`,

@@ -28,12 +28,20 @@ class FakeSession implements LockSession {
   readonly ended: Promise<unknown> = new Promise((resolve) => this.#end = resolve);
   /** The names of the statements run, in order. */
   readonly statements: string[] = [];
+  /** The transaction status a driver reports: BEGIN opens, COMMIT/ROLLBACK/"SNEAKY COMMIT" end. */
+  status: "I" | "T" = "I";
   constructor(readonly answer: (name: string) => Row[] | Promise<Row[]>) {}
   async query(statement: string | Statement): Promise<Row[]> {
     if (this.isEnded) throw new Error("Client has encountered a connection error");
     const name = typeof statement === "string" ? statement : statement.name;
     this.statements.push(name);
-    return await this.answer(name);
+    const rows = await this.answer(name);
+    if (name === "BEGIN") this.status = "T";
+    if (name === "COMMIT" || name === "ROLLBACK" || name === "SNEAKY COMMIT") this.status = "I";
+    return rows;
+  }
+  transactionStatus(): "I" | "T" {
+    return this.status;
   }
   end(): Promise<void> {
     this.kill(undefined);
@@ -513,6 +521,40 @@ Deno.test("a step-down during a handed-over term's long first transaction releas
   assert(!seen.some((e) => e.startsWith("lost")), seen.join(", "));
   const error = await query;
   assert(error instanceof LeadershipEndedError, String(error));
+  await election.stop(1000);
+  await running;
+});
+
+Deno.test("a statement that ends the term's transaction despite the refusals stops the work there", async () => {
+  const base = soleHolder();
+  const session = new FakeSession((name) => {
+    if (["BEGIN", "COMMIT", "ROLLBACK", "SNEAKY COMMIT", "SELECT after"].includes(name)) return [];
+    return base(name);
+  });
+  let transaction: Promise<unknown> | undefined;
+  const election = new Election(
+    testConfig({ connect: () => Promise.resolve(session), leaseMs: 30_000 }),
+    (event) => {
+      if (event instanceof AcquiredEvent) {
+        transaction = event.term.transaction(async (tx) => {
+          await tx.query("SNEAKY COMMIT");
+          await tx.query("SELECT after");
+        }).then(() => undefined, (e) => e);
+      }
+    },
+  );
+  const running = election.run();
+  await until(() => transaction !== undefined);
+  const error = await transaction;
+  assert(error instanceof RangeError, String(error));
+  // Nothing ran after it, unfenced, and the session's hold was checked again.
+  assert(!session.statements.includes("SELECT after"), session.statements.join(", "));
+  const sneaky = session.statements.indexOf("SNEAKY COMMIT");
+  assertEquals(session.statements.slice(sneaky, sneaky + 3), [
+    "SNEAKY COMMIT",
+    "ROLLBACK",
+    "fence_close",
+  ]);
   await election.stop(1000);
   await running;
 });

@@ -80,6 +80,8 @@ Deno.test("user statements through a term cannot break its fence or stall the el
             "DEALLOCATE ALL",
             "SET ROLE postgres",
             "SET/**/ROLE postgres",
+            "-- a comment a carriage return ends\rCOMMIT",
+            "/* nested /* comments */ end here */ COMMIT",
             'SET "role" TO postgres',
             ";DEALLOCATE ALL",
             "PREPARE renew(int) AS SELECT true AS held",
@@ -185,6 +187,51 @@ Deno.test("user statements through a term cannot break its fence or stall the el
             "SELECT string_agg(token, ',' ORDER BY token) AS t FROM fenced_writes",
           );
           assertEquals(rows?.t, "a,b");
+        } finally {
+          await Promise.all([a.shutdown(), b.shutdown()]);
+        }
+      },
+    );
+  }
+
+  for (
+    const [what, run] of [
+      [
+        "a statement that unlocks and then fails",
+        (term: Term) => term.query("SELECT pg_advisory_unlock_all(), 1 / (random() * 0)::int"),
+      ],
+      [
+        "a transaction whose work unlocks and then throws",
+        (term: Term) =>
+          term.transaction(async (tx) => {
+            await tx.query("INSERT INTO fenced_writes VALUES ('rolled-back')");
+            await tx.query("SELECT give_up_locks()");
+            throw new Error("the work failed");
+          }),
+      ],
+    ] as const
+  ) {
+    await t.step(
+      `${what} rolls back, and the term ends at once: ROLLBACK does not undo an unlock`,
+      async () => {
+        await pg.query("TRUNCATE fenced_writes");
+        const keys = freshKeys();
+        const options = { healthIntervalMs: 5000, leaseMs: 15_000 };
+        const a = new LeaderLock(fastOptions(pg, keys, options));
+        const b = new LeaderLock(fastOptions(pg, keys, options));
+        try {
+          await a.start();
+          assert(await a.waitForLeadership({ timeoutMs: 5000 }));
+          await b.start();
+          await untilQueued(pg, b);
+          const term = a.term!;
+          const error = await run(term).then(() => undefined, (e) => e);
+          assert(error instanceof Error, String(error));
+          // Ended when the call returned, not at the next health check 5 s away.
+          assert(term.signal.aborted, "a's term ended");
+          assert(!a.isLeader);
+          assert(await b.waitForLeadership({ timeoutMs: 5000 }), "b leads");
+          assertEquals((await pg.query("SELECT count(*)::int AS n FROM fenced_writes"))[0]?.n, 0);
         } finally {
           await Promise.all([a.shutdown(), b.shutdown()]);
         }
