@@ -605,7 +605,7 @@ export class Election {
       this.#setState("follower");
       await sleep(this.#yieldMs, [this.#stop.signal, this.#sessionLost]);
       if (this.#stopping) return DONE;
-      this.#throwIfLost();
+      // A session lost during the yield is found by the acquire phase, which reconnects.
     }
     // Without a yield, the wait statement replaces the unlock in pg_stat_activity: it carries the
     // release marker so that the new holder still sees it. After a yield the idle session showed

@@ -248,8 +248,10 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     const election = this.#election;
     if (!election) return;
     this.#stopRequested = true;
+    // This election's run: a start() during the stop replaces #run with the next one's.
+    const run = this.#run;
     await election.stop(timeoutMs, drainMs);
-    await this.#run;
+    await run;
   }
 
   /**

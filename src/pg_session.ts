@@ -112,8 +112,7 @@ export class PgSession implements LockSession {
 
   /** See {@linkcode LockSession.query}. */
   async query(statement: string | Statement, values: readonly unknown[] = []): Promise<Row[]> {
-    // The protocol's statements are prepared once per session under their names: neither sent
-    // as text nor planned again on the handover path.
+    // Every statement is sent unnamed through the extended protocol (see #send).
     let result;
     try {
       result = await this.#send(statement, values);

@@ -559,6 +559,36 @@ Deno.test("a statement that ends the term's transaction despite the refusals sto
   await running;
 });
 
+Deno.test("a session lost during a step-down's yield reconnects and competes again", async () => {
+  const first = new FakeSession(soleHolder());
+  const second = new FakeSession(soleHolder());
+  const sessions = [first, second];
+  const seen: string[] = [];
+  const election = new Election(
+    testConfig({
+      connect: () => Promise.resolve(sessions.shift() ?? new FakeSession(soleHolder())),
+      autoReacquire: true,
+      healthIntervalMs: 100_000,
+      leaseMs: 300_000,
+    }),
+    (event) => seen.push(describeEvent(event)),
+  );
+  const running = election.run();
+  await until(() => election.isLeader);
+  const stepping = election.stepDown(1000, 0, 300);
+  await stepping;
+  // The server restarts (or the backend is killed) while the candidate stays out of the queue.
+  first.kill(new Error("terminating connection due to administrator command"));
+  await until(() => election.isLeader);
+  assert(second.statements.includes("try_lock") || second.statements.includes("wait_lock"));
+  assert(
+    !seen.includes("follower->stopped") && !seen.some((e) => e.startsWith("error")),
+    seen.join(", "),
+  );
+  await election.stop(1000);
+  await running;
+});
+
 Deno.test("a step-down requested from the statechange listener fires acquired first, then releasing", async () => {
   const session = new FakeSession(soleHolder());
   let now = 1000;

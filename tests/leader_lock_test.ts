@@ -27,6 +27,31 @@ import {
 Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
   await using pg = await startPostgres();
 
+  await t.step(
+    "a shutdown followed at once by start() settles, and the new run leads",
+    async () => {
+      const keys = freshKeys();
+      const lock = new LeaderLock(fastOptions(pg, keys));
+      try {
+        await lock.start();
+        assert(await lock.waitForLeadership({ timeoutMs: 5000 }));
+        const stopping = lock.shutdown({ timeoutMs: 2000 });
+        const starting = lock.start();
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const outcome = await Promise.race([
+          stopping.then(() => "settled", () => "settled"),
+          new Promise((resolve) => timer = setTimeout(() => resolve("pending"), 4000)),
+        ]);
+        clearTimeout(timer);
+        assertEquals(outcome, "settled");
+        await starting;
+        assert(await lock.waitForLeadership({ timeoutMs: 5000 }), "the new run leads");
+      } finally {
+        await lock.shutdown();
+      }
+    },
+  );
+
   await t.step("exactly one of five candidates leads while leaders go away", async () => {
     const keys = freshKeys();
     const locks = Array.from(
