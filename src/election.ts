@@ -121,13 +121,13 @@ export class Election {
   #token: bigint | undefined;
   #term: CurrentTerm | undefined;
   readonly #endedTerms = new Map<bigint, LeadershipEndedError>();
-  #acknowledged = false;
   #session: LockSession | undefined;
   #facts: SessionFacts | undefined;
   #sessionLost: AbortSignal = AbortSignal.abort();
   #lastSessionError: unknown;
   #stepDown: PromiseWithResolvers<void> | undefined;
   #stepDownRequested = new AbortController();
+  /** When the term's last successful ownership check was sent; -Infinity before the first. */
   #lastCheckSentAt = -Infinity;
   #lastCheckRttMs: number | undefined;
   /** Failed attempts since this process last became a follower. */
@@ -441,7 +441,6 @@ export class Election {
     // The window runs on the server from the end of the grant statement; a grant after a long
     // wait in the queue would otherwise start with an expired window.
     this.#lease.grant(sentAt + acquisition.waitedMs, ackWindowMs(this.#config.leaseMs));
-    this.#acknowledged = false;
     this.#lastCheckSentAt = -Infinity;
     this.#lastCheckRttMs = undefined;
     if (!acquisition.handedOver && this.#config.settleMs > 0) {
@@ -489,6 +488,17 @@ export class Election {
     return { kind: "lead" };
   }
 
+  /** Whether the term's grant was acknowledged: an ownership check has answered since. */
+  get #acknowledged(): boolean {
+    return this.#lastCheckSentAt !== -Infinity;
+  }
+
+  /** Records an ownership check sent at `sentAt` that has just answered "held". */
+  #checked(sentAt: number): void {
+    this.#lastCheckSentAt = sentAt;
+    this.#lastCheckRttMs = this.#clock() - sentAt;
+  }
+
   /**
    * The first ownership check of a term, before it is announced: re-arms the server-side lease
    * over the grant's short window. `false` when stopping.
@@ -505,9 +515,7 @@ export class Election {
     if (held === ABORTED) return false;
     if (!held) throw new PgLeaderLockError("The lock was not held right after it was granted");
     this.#lease.renew(sentAt);
-    this.#acknowledged = true;
-    this.#lastCheckSentAt = sentAt;
-    this.#lastCheckRttMs = this.#clock() - sentAt;
+    this.#checked(sentAt);
     return true;
   }
 
@@ -544,9 +552,7 @@ export class Election {
       // Answered, but only after the lease it renews had run out (this process was paused while
       // the answer waited): the server may have ended the session already.
       if (!this.#lease.valid) return this.#lose("lease-expired", undefined);
-      this.#acknowledged = true;
-      this.#lastCheckSentAt = sentAt;
-      this.#lastCheckRttMs = this.#clock() - sentAt;
+      this.#checked(sentAt);
       this.#armTermTimer();
       this.#emit(new RenewedEvent(this.#token!, this.#lease.deadline));
     }
@@ -787,9 +793,7 @@ export class Election {
       throw this.#endedTerms.get(token) ?? new LeadershipEndedError("not-held", token);
     }
     // The server armed the full lease: acknowledged, whatever happened here meanwhile.
-    this.#acknowledged = true;
-    this.#lastCheckSentAt = sentAt;
-    this.#lastCheckRttMs = this.#clock() - sentAt;
+    this.#checked(sentAt);
     // A step-down or stop during the check ended the term: the lease stays revoked, no event.
     if (this.#term?.token !== token || this.#state !== "leader") {
       throw this.#endedTerms.get(token) ?? new LeadershipEndedError("released", token);

@@ -470,7 +470,6 @@ export class LockStatements {
   readonly #lease: string;
   readonly #ackWindow: string;
   readonly #marker: string;
-  #pinned: [Readonly<Record<string, string>>, string] | undefined;
 
   /**
    * Binds the statements to a lock.
@@ -574,14 +573,11 @@ export class LockStatements {
     role: string,
     sessionAuthorization: string,
   ): Promise<boolean> {
-    if (this.#pinned?.[0] !== settings) {
-      const { idle_session_timeout: _lease, ...rest } = settings;
-      this.#pinned = [settings, JSON.stringify(rest)];
-    }
+    const { idle_session_timeout: _lease, ...pinned } = settings;
     const [row] = await runner.query(FENCE_CLOSE, [
       ...this.#keys,
       this.#lease,
-      this.#pinned[1],
+      JSON.stringify(pinned),
       role,
       sessionAuthorization,
     ]);

@@ -5,6 +5,7 @@
  */
 import { FixedInterval, type LeaderLock, type LeaderLockOptions } from "../mod.ts";
 import type { TestPostgres } from "../testing.ts";
+import { assert } from "./_assert.ts";
 
 let nextKey = Math.floor(Math.random() * 1_000_000);
 
@@ -85,6 +86,21 @@ export async function untilQueued(
     timeoutMs,
     `${lock.identity} in the lock queue`,
   );
+}
+
+/**
+ * Starts `leader` and then `follower` on the same keys: resolves once `leader` leads and
+ * `follower` waits in PostgreSQL's lock queue, so that the leader's end grants it the lock.
+ */
+export async function leadAndQueue(
+  pg: TestPostgres,
+  leader: LeaderLock,
+  follower: LeaderLock,
+): Promise<void> {
+  await leader.start();
+  assert(await leader.waitForLeadership({ timeoutMs: 5000 }), `${leader.identity} leads`);
+  await follower.start();
+  await untilQueued(pg, follower);
 }
 
 /** Advisory locks currently granted on the server for (key1, key2). */

@@ -5,7 +5,7 @@
  * whose session gave the lock up midway.
  */
 import { assert, assertEquals } from "./_assert.ts";
-import { fastOptions, freshKeys, holders, until, untilQueued } from "./_helpers.ts";
+import { fastOptions, freshKeys, holders, leadAndQueue, until, untilQueued } from "./_helpers.ts";
 import { LeaderLock, type Term } from "../mod.ts";
 import { startPostgres } from "../testing.ts";
 
@@ -165,10 +165,7 @@ Deno.test("user statements through a term cannot break its fence or stall the el
         const a = new LeaderLock(fastOptions(pg, keys, options));
         const b = new LeaderLock(fastOptions(pg, keys, options));
         try {
-          await a.start();
-          assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-          await b.start();
-          await untilQueued(pg, b);
+          await leadAndQueue(pg, a, b);
           const term = a.term!;
           const running = term.transaction(async (tx) => {
             await tx.query("INSERT INTO fenced_writes VALUES ('a')");
@@ -220,10 +217,7 @@ Deno.test("user statements through a term cannot break its fence or stall the el
         const a = new LeaderLock(fastOptions(pg, keys, options));
         const b = new LeaderLock(fastOptions(pg, keys, options));
         try {
-          await a.start();
-          assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-          await b.start();
-          await untilQueued(pg, b);
+          await leadAndQueue(pg, a, b);
           const term = a.term!;
           const error = await run(term).then(() => undefined, (e) => e);
           assert(error instanceof Error, String(error));
@@ -325,10 +319,7 @@ Deno.test("user statements through a term cannot break its fence or stall the el
           fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15_000 }),
         );
         try {
-          await a.start();
-          assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-          await b.start();
-          await untilQueued(pg, b);
+          await leadAndQueue(pg, a, b);
           const term = a.term!;
           const outcome = await run(term).then(() => "committed", (error: Error) => error.message);
           assertEquals(outcome, "committed");

@@ -17,6 +17,7 @@ import {
   fastOptions,
   freshKeys,
   holders,
+  leadAndQueue,
   record,
   sessionsOf,
   shutdownAll,
@@ -88,10 +89,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
     const a = new LeaderLock(fastOptions(pg, keys));
     const b = new LeaderLock(fastOptions(pg, keys));
     try {
-      await a.start();
-      assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-      await b.start();
-      await untilQueued(pg, b);
+      await leadAndQueue(pg, a, b);
       const t0 = performance.now();
       await a.shutdown();
       assert(await b.waitForLeadership({ timeoutMs: 5000 }));
@@ -109,10 +107,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
     const b = new LeaderLock(fastOptions(pg, keys, { healthIntervalMs: 5000, leaseMs: 15000 }));
     const seenA = record(a);
     try {
-      await a.start();
-      assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-      await b.start();
-      await untilQueued(pg, b);
+      await leadAndQueue(pg, a, b);
       const t0 = performance.now();
       await pg.terminateBackend(a.backendPid);
       assert(await b.waitForLeadership({ timeoutMs: 5000 }));
@@ -135,10 +130,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
     const b = new LeaderLock(fastOptions(pg, keys));
     const seenA = record(a);
     try {
-      await a.start();
-      assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-      await b.start();
-      await untilQueued(pg, b);
+      await leadAndQueue(pg, a, b);
       await a.stepDown();
       assert(await b.waitForLeadership({ timeoutMs: 2000 }), "b leads after the step-down");
       assert(!a.isLeader);
@@ -260,10 +252,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
     const b = new LeaderLock(fastOptions(pg, keys));
     const seenA = record(a);
     try {
-      await a.start();
-      assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-      await b.start();
-      await untilQueued(pg, b);
+      await leadAndQueue(pg, a, b);
       assert(!a.isLeader || a.state === "leader");
       await pg.terminateBackend(a.backendPid);
       assert(await b.waitForLeadership({ timeoutMs: 2000 }));
@@ -454,10 +443,7 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
       const a = new LeaderLock(fastOptions(pg, keys, { identity: "holder-a" }));
       const b = new LeaderLock(fastOptions(pg, keys, { identity: "waiter-b" }));
       try {
-        await a.start();
-        assert(await a.waitForLeadership({ timeoutMs: 5000 }));
-        await b.start();
-        await untilQueued(pg, b);
+        await leadAndQueue(pg, a, b);
         const info = await whoLeads({ dsn: pg.dsn, ...keys });
         assertEquals(info.holder?.identity, "holder-a");
         assertEquals(info.holder?.pid, a.backendPid);
