@@ -33,13 +33,13 @@ export {
   type ShutdownOptions,
   type StepDownOptions,
   type WaitForLeadershipOptions,
-} from "./src/leader_lock.ts";
-export type { Term, TermTransaction } from "./src/term.ts";
-export type { Row } from "./src/protocol.ts";
-export type { MeterProviderLike, TracerProviderLike } from "./src/telemetry.ts";
-export { shutdownSignal, type ShutdownSignalName } from "./src/signals.ts";
-export { LOCK_KEYS_SQL, lockKeys } from "./src/lock_name.ts";
-export type { LockState } from "./src/state.ts";
+} from "./src/lock/leader_lock.ts";
+export type { Term, TermTransaction } from "./src/engine/term.ts";
+export type { Row } from "./src/engine/protocol.ts";
+export type { MeterProviderLike, TracerProviderLike } from "./src/telemetry/telemetry.ts";
+export { shutdownSignal, type ShutdownSignalName } from "./src/engine/signals.ts";
+export { LOCK_KEYS_SQL, lockKeys } from "./src/engine/lock_name.ts";
+export type { LockState } from "./src/engine/state.ts";
 export {
   AcquiredEvent,
   AcquireFailedEvent,
@@ -51,7 +51,7 @@ export {
   ReleasedEvent,
   RenewedEvent,
   StateChangeEvent,
-} from "./src/events.ts";
+} from "./src/lock/events.ts";
 export {
   DecorrelatedJitter,
   type DecorrelatedJitterOptions,
@@ -62,7 +62,7 @@ export {
   type RetryContext,
   type RetryLimitOptions,
   type RetryStrategy,
-} from "./src/retry.ts";
+} from "./src/engine/retry.ts";
 export {
   ConnectionError,
   LeadershipEndedError,
@@ -70,8 +70,8 @@ export {
   PgLeaderLockError,
   ShutdownError,
   type TermEndReason,
-} from "./src/errors.ts";
-export type { PgClient } from "./src/pg_session.ts";
+} from "./src/engine/errors.ts";
+export type { PgClient } from "./src/pg/pg_session.ts";
 export {
   type AdvisoryLockInfo,
   inspectLocks,
@@ -79,20 +79,20 @@ export {
   type SessionInfo,
   whoLeads,
   type WhoLeadsOptions,
-} from "./src/who_leads.ts";
-export type { ConnectionOptions } from "./src/connector.ts";
+} from "./src/inspect/who_leads.ts";
+export type { ConnectionOptions } from "./src/pg/connector.ts";
 export {
   LeaderGroup,
   type LeaderGroupOptions,
   type LeaderGroupShutdownOptions,
   type ShardTerm,
-} from "./src/leader_group.ts";
+} from "./src/group/leader_group.ts";
 export {
   type GroupInfo,
   type GroupMemberInfo,
   inspectGroup,
   type InspectGroupOptions,
-} from "./src/group/inspect_group.ts";
+} from "./src/inspect/inspect_group.ts";
 export {
   GroupErrorEvent,
   GroupRenewedEvent,

@@ -4,7 +4,7 @@
  *
  * @module
  */
-// @ts-types="../src/_pg.d.ts"
+// @ts-types="../src/pg/_pg.d.ts"
 import pg from "pg";
 import { type DenoProcess, spawnDeno, type TestPostgres } from "../testing.ts";
 import type { BenchCandidateConfig } from "./candidate.ts";

@@ -6,8 +6,8 @@
  */
 import { spawnDeno, waitForLine } from "../testing.ts";
 import type { FailoverEnv } from "./_failover.ts";
-import { LockStatements } from "../src/protocol.ts";
-import type { LockSession } from "../src/session.ts";
+import { LockStatements } from "../src/engine/protocol.ts";
+import type { LockSession } from "../src/engine/session.ts";
 import { round, summarize } from "./_stats.ts";
 
 /** One probe process. */
@@ -28,7 +28,7 @@ export interface MemoryProbe {
   /** `lost` events in the probe before it was measured. */
   readonly lost: number;
   /**
-   * Round trip of the leader's ownership check (`LockStatements.renew()` of src/protocol.ts, which reads
+   * Round trip of the leader's ownership check (`LockStatements.renew()` of src/engine/protocol.ts, which reads
    * pg_locks) with these instances' locks held, median of 21 (ms).
    */
   readonly ownershipCheckMs: number | null;

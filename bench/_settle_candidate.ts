@@ -32,7 +32,7 @@
  *
  * @module
  */
-// @ts-types="../src/_pg.d.ts"
+// @ts-types="../src/pg/_pg.d.ts"
 import pg from "pg";
 import { FixedInterval, LeaderLock, type PgClient } from "../mod.ts";
 

@@ -32,7 +32,7 @@
  *
  * @module
  */
-// @ts-types="../src/_pg.d.ts"
+// @ts-types="../src/pg/_pg.d.ts"
 import pg from "pg";
 import { retryStrategyFrom, runCandidate } from "../src/testing/candidate.ts";
 import { LeaderLock, type LeaderLockOptions, type PgClient } from "../mod.ts";

@@ -44,7 +44,7 @@
  *
  * @module
  */
-// @ts-types="../src/_pg.d.ts"
+// @ts-types="../src/pg/_pg.d.ts"
 import pg, { type Client } from "pg";
 import { startPostgres, startTcpProxy, type TcpProxy, type TestPostgres } from "../testing.ts";
 import { cpuStallMs, round, summarize, type Summary } from "./_stats.ts";

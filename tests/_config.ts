@@ -4,9 +4,9 @@
  *
  * @module
  */
-import type { LockConfig } from "../src/config.ts";
-import { FixedInterval } from "../src/retry.ts";
-import type { SessionConnector } from "../src/session.ts";
+import type { LockConfig } from "../src/engine/config.ts";
+import { FixedInterval } from "../src/engine/retry.ts";
+import type { SessionConnector } from "../src/engine/session.ts";
 
 /** Overrides of {@linkcode testConfig}: any config field, and the connector's `connect`. */
 export type TestConfigOverrides = Partial<Omit<LockConfig, "connector">> & {

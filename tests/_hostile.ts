@@ -6,7 +6,7 @@
  *
  * @module
  */
-// @ts-types="../src/_pg.d.ts"
+// @ts-types="../src/pg/_pg.d.ts"
 import pg from "pg";
 
 type PgClient = InstanceType<typeof pg.Client>;

@@ -25,7 +25,7 @@ const HANG_MS = 10_000;
  */
 const WORKER = `
 import { parseDsn, redactDsn } from ${
-  JSON.stringify(new URL("../src/dsn.ts", import.meta.url).href)
+  JSON.stringify(new URL("../src/pg/dsn.ts", import.meta.url).href)
 };
 import { LeaderLock } from ${JSON.stringify(new URL("../mod.ts", import.meta.url).href)};
 import { mulberry32 } from ${

@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { type ConnectionParams, parseDsn, redactDsn } from "../dsn.ts";
+import { type ConnectionParams, parseDsn, redactDsn } from "../pg/dsn.ts";
 import {
   type AcquireMode,
   ExponentialBackoff,
@@ -14,7 +14,7 @@ import {
   type RetryContext,
   type RetryStrategy,
 } from "../../mod.ts";
-import { lockKeys } from "../lock_name.ts";
+import { lockKeys } from "../engine/lock_name.ts";
 import {
   type FlagSpecs,
   int32,

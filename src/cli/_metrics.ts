@@ -5,7 +5,7 @@
  */
 import type { LeaderLock } from "../../mod.ts";
 import type { LostReason } from "../../mod.ts";
-import { LOCK_STATES } from "../state.ts";
+import { LOCK_STATES } from "../engine/state.ts";
 
 /** One sample: a value and its labels. */
 export interface Sample {

@@ -9,7 +9,7 @@
 import { startPostgres, type TestPostgres } from "../testing/postgres.ts";
 import { resolveBinaries } from "../testing/_binaries.ts";
 import { type DownloadProgress, formatProgress } from "../testing/_embedded.ts";
-import { leaseMarginMs } from "../lease.ts";
+import { leaseMarginMs } from "../engine/lease.ts";
 import { integer, parseArgs, UsageError } from "./_args.ts";
 import { onSignals, STOP_SIGNALS } from "./_campaign.ts";
 import { type CliIo, errorMessage, Logger } from "./_output.ts";

@@ -41,9 +41,9 @@
  *
  * @module
  */
-import { parseDsn } from "../dsn.ts";
+import { parseDsn } from "../pg/dsn.ts";
 import type { LeaderLock, Term } from "../../mod.ts";
-import { leaseMarginMs } from "../lease.ts";
+import { leaseMarginMs } from "../engine/lease.ts";
 import { parseArgs, seconds, UsageError } from "./_args.ts";
 import { Campaign, onSignals, sleep, STOP_SIGNALS } from "./_campaign.ts";
 import { EXIT_TIMEOUT, LOCK_FLAGS, LOCK_FLAGS_HELP, lockSettings } from "./_lock_flags.ts";

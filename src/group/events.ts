@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { PgLeaderLockError } from "../errors.ts";
+import { PgLeaderLockError } from "../engine/errors.ts";
 
 /** Why a shard's term ended without this member choosing to give it up. */
 export type ShardLostReason =

@@ -19,11 +19,11 @@
  *
  * @module
  */
-import { ConnectionError, LockError, PgLeaderLockError } from "../errors.ts";
-import { Lease } from "../lease.ts";
-import type { RetryStrategy } from "../retry.ts";
-import type { LockSession, SessionConnector } from "../session.ts";
-import { DeadlineError, sleep, withDeadline } from "../_async.ts";
+import { ConnectionError, LockError, PgLeaderLockError } from "../engine/errors.ts";
+import { Lease } from "../engine/lease.ts";
+import type { RetryStrategy } from "../engine/retry.ts";
+import type { LockSession, SessionConnector } from "../engine/session.ts";
+import { DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
 import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError } from "./events.ts";

@@ -16,7 +16,7 @@
  *
  * @module
  */
-import type { LockSession } from "../session.ts";
+import type { LockSession } from "../engine/session.ts";
 
 /**
  * Pins the session's settings and reads the server version and backend pid. `$1` is a JSON

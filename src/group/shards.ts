@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { checkInt32, describe } from "../_checks.ts";
+import { checkInt32, describe } from "../engine/_checks.ts";
 
 /** The most shards a group may have. */
 export const MAX_SHARDS = 1_048_576;

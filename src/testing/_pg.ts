@@ -1,7 +1,7 @@
 // No @types/pg: it pulls in @types/node, whose global Event and EventTarget types clash with
 // Deno's in any program that also type-checks the library. The members used are typed here.
 // Deno would still load @types/pg on its own for a bare import: point it at our declarations.
-// @ts-types="../_pg.d.ts"
+// @ts-types="../pg/_pg.d.ts"
 import pg from "npm:pg@^8.23.1";
 
 /** The part of an npm:pg `Client` the kit and its tests use. */

@@ -19,8 +19,8 @@
  *
  * @module
  */
-import { LeaderLock, type LeaderLockOptions } from "../leader_lock.ts";
-import { ExponentialBackoff, FixedInterval, type RetryStrategy } from "../retry.ts";
+import { LeaderLock, type LeaderLockOptions } from "../lock/leader_lock.ts";
+import { ExponentialBackoff, FixedInterval, type RetryStrategy } from "../engine/retry.ts";
 
 /** The JSON a candidate takes as its first argument. */
 export interface CandidateConfig

@@ -1,7 +1,7 @@
 import { deepEqual, equal, ok } from "node:assert/strict";
 // @ts-types="./_prometheus.d.ts"
 import parsePrometheus from "npm:parse-prometheus-text-format@1.1.1";
-import { lockKeys } from "../../src/lock_name.ts";
+import { lockKeys } from "../../src/engine/lock_name.ts";
 import { startPostgres } from "../../testing.ts";
 import { cli, eventually, freshKeys, jsonLines, nextEvent, stderrEvent } from "./_cli.ts";
 

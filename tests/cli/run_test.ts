@@ -1,5 +1,5 @@
 import { deepEqual, equal, match, ok } from "node:assert/strict";
-import { lockKeys } from "../../src/lock_name.ts";
+import { lockKeys } from "../../src/engine/lock_name.ts";
 import { freePort } from "../../src/testing/_free_port.ts";
 import { startPostgres, waitForLine } from "../../testing.ts";
 import { holders } from "../_helpers.ts";

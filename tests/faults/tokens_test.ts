@@ -7,8 +7,8 @@ import { fastOptions, freshKeys } from "../_helpers.ts";
 // commits such a transaction asynchronously whatever synchronous_commit says, and after a crash
 // (or an immediate shutdown) within the WAL writer's delay it hands the same xid out again. The
 // acquisition statement must make its commit durable (see the report of this change). Until
-// src/protocol.ts does, this test is ignored.
-const DURABLE = (await Deno.readTextFile(new URL("../../src/protocol.ts", import.meta.url)))
+// src/engine/protocol.ts does, this test is ignored.
+const DURABLE = (await Deno.readTextFile(new URL("../../src/engine/protocol.ts", import.meta.url)))
   .includes("pg_logical_emit_message");
 
 Deno.test({

@@ -8,8 +8,8 @@
  *
  * @module
  */
-import { FixedInterval } from "../../src/retry.ts";
-import { LeaderGroup, type LeaderGroupOptions } from "../../src/leader_group.ts";
+import { FixedInterval } from "../../src/engine/retry.ts";
+import { LeaderGroup, type LeaderGroupOptions } from "../../src/group/leader_group.ts";
 
 const now = () => performance.timeOrigin + performance.now();
 const encoder = new TextEncoder();

@@ -1,8 +1,8 @@
 import assert from "node:assert/strict";
 import { startPostgres } from "../../testing.ts";
-import { LeaderGroup, type LeaderGroupOptions } from "../../src/leader_group.ts";
+import { LeaderGroup, type LeaderGroupOptions } from "../../src/group/leader_group.ts";
 import { ShardTermEndedError } from "../../src/group/events.ts";
-import { FixedInterval } from "../../src/retry.ts";
+import { FixedInterval } from "../../src/engine/retry.ts";
 
 async function until(predicate: () => boolean, timeoutMs: number, what: string): Promise<void> {
   const end = performance.now() + timeoutMs;
