@@ -83,6 +83,7 @@ export {
 export type { ConnectionOptions } from "./src/pg/connector.ts";
 export {
   LeaderGroup,
+  type LeaderGroupLeadOptions,
   type LeaderGroupOptions,
   type LeaderGroupShutdownOptions,
   type ShardTerm,

@@ -1,6 +1,6 @@
 /**
- * The resolved configuration of a lock: what `options.ts` produces and the election consumes.
- * Types only, so that the election's module graph loads no driver.
+ * The resolved configuration of a lock or a group: what `options.ts` produces and the election
+ * (or a group member) consumes. Types only, so that the election's module graph loads no driver.
  *
  * @module
  */
@@ -10,36 +10,43 @@ import type { Connector } from "./session.ts";
 /** How a follower competes for the lock. */
 export type AcquireMode = "wait" | "poll";
 
-/** Everything a running lock needs, validated, with every default decided. Frozen. */
-export interface LockConfig {
-  /** The lock's name, when it was given one. */
+/**
+ * What both faces ({@linkcode LeaderLock} and {@linkcode LeaderGroup}) resolve the same way, in
+ * one place (`resolveCommonOptions` in `options.ts`). Frozen.
+ */
+export interface CommonConfig {
+  /** The name the keys were derived from, when one was given. */
   readonly name: string | undefined;
-  /** First key. */
+  /** First key: the lock's key1, or the group's. */
   readonly key1: number;
+  /** application_name of the sessions. */
+  readonly identity: string;
+  /** Paces reconnects (through one `RetrySeries` per series of failures). */
+  readonly retryStrategy: RetryStrategy;
+  /** How often a holder proves it still holds. */
+  readonly healthIntervalMs: number;
+  /** How long leadership survives without a successful proof; at least twice the interval. */
+  readonly leaseMs: number;
+  /** Wait before announcing a grant not handed over; less than half the lease. */
+  readonly settleMs: number;
+  /** Aborting it shuts the face down. */
+  readonly signal: AbortSignal | undefined;
+  /** Opens sessions; its `target` names the server in messages (never a password). */
+  readonly connector: Connector;
+}
+
+/** Everything a running lock needs, validated, with every default decided. Frozen. */
+export interface LockConfig extends CommonConfig {
   /** Second key. */
   readonly key2: number;
-  /** application_name of the lock's sessions. */
-  readonly identity: string;
   /** See `LeaderLockOptions.acquireMode`. */
   readonly acquireMode: AcquireMode;
-  /** See `LeaderLockOptions.retryStrategy`. */
-  readonly retryStrategy: RetryStrategy;
-  /** See `LeaderLockOptions.healthIntervalMs`. */
-  readonly healthIntervalMs: number;
-  /** See `LeaderLockOptions.leaseMs`. */
-  readonly leaseMs: number;
   /** See `LeaderLockOptions.waitWindowMs`. */
   readonly waitWindowMs: number;
   /** See `LeaderLockOptions.reconnectGraceMs`. */
   readonly reconnectGraceMs: number | undefined;
   /** See `LeaderLockOptions.autoReacquire`. */
   readonly autoReacquire: boolean;
-  /** See `LeaderLockOptions.settleMs`. */
-  readonly settleMs: number;
-  /** See `LeaderLockOptions.signal`. */
-  readonly signal: AbortSignal | undefined;
   /** The settings every session of the lock runs under. */
   readonly settings: Readonly<Record<string, string>>;
-  /** Opens sessions; its `target` names the server in messages (never a password). */
-  readonly connector: Connector;
 }

@@ -1,13 +1,16 @@
 /**
- * The options of a {@linkcode LeaderLock}, validated and resolved once into one frozen
- * {@linkcode LockConfig}: the only place a default is decided or a bound checked.
+ * Option resolution for both faces: what {@linkcode LeaderLock} and {@linkcode LeaderGroup} share
+ * (keys or name, health interval, lease, settle, retry strategy, signal, connector, identity) is
+ * validated and defaulted once, by {@linkcode resolveCommonOptions}; {@linkcode resolveOptions}
+ * adds LeaderLock's own options into one frozen {@linkcode LockConfig}, and LeaderGroup's
+ * constructor adds the group's (shards, handover poll, adoption, drain).
  *
  * @module
  */
-import type { AcquireMode, LockConfig } from "./config.ts";
+import type { AcquireMode, CommonConfig, LockConfig } from "./config.ts";
 import { type ConnectionOptions, makeConnector } from "../pg/connector.ts";
 
-export type { AcquireMode, LockConfig };
+export type { AcquireMode, CommonConfig, LockConfig };
 import { MAX_DURATION_MS, sessionSettings } from "./protocol.ts";
 import { ExponentialBackoff, type RetryStrategy } from "./retry.ts";
 import { lockKeys } from "./lock_name.ts";
@@ -15,7 +18,7 @@ import type { LeaderLockTelemetryOptions } from "../telemetry/telemetry.ts";
 import {
   checkDurationMs,
   checkIdentity,
-  checkInt32 as checkInt32In,
+  checkInt32,
   defaultIdentity,
   describe,
 } from "./_checks.ts";
@@ -122,7 +125,137 @@ export interface LeaderLockOptions extends ConnectionOptions {
 }
 
 const ACQUIRE_MODES: readonly AcquireMode[] = ["wait", "poll"];
-const WHERE = "create LeaderLock";
+
+/** The two public faces over the engine, as error messages name them. */
+export type Face = "LeaderLock" | "LeaderGroup";
+
+/**
+ * The options both faces take, as {@linkcode resolveCommonOptions} reads them (each face's own
+ * options interface documents them for its users).
+ */
+export interface CommonOptions extends ConnectionOptions {
+  /** First key (an int32), or give `name`. */
+  key1?: number;
+  /** Second key (an int32): LeaderLock only. */
+  key2?: number;
+  /** A name the keys are derived from by `lockKeys()`. */
+  name?: string;
+  /** Paces reconnects. */
+  retryStrategy?: RetryStrategy;
+  /** How often a holder proves it still holds. */
+  healthIntervalMs?: number;
+  /** How long leadership survives without a successful proof. */
+  leaseMs?: number;
+  /** Wait before announcing a grant that was not handed over. */
+  settleMs?: number;
+  /** Aborting it shuts the face down. */
+  signal?: AbortSignal;
+  /** application_name of the sessions. */
+  identity?: string;
+}
+
+/** How a face resolves the {@linkcode CommonOptions}. */
+export interface CommonOptionsSpec {
+  /** The face, for messages ("Cannot create LeaderGroup as ..."). */
+  readonly face: Face;
+  /**
+   * `"pair"`: `key1` and `key2`, or a `name` mapped to both (LeaderLock). `"group"`: `key1`, or
+   * a `name` whose first int32 is the key1 (LeaderGroup: key2 numbers the shards).
+   */
+  readonly keys: "pair" | "group";
+  /** The face's default `healthIntervalMs`. */
+  readonly defaultHealthIntervalMs: number;
+}
+
+/**
+ * Validates what both faces share and decides its defaults, in one place: the options object,
+ * the keys or name, `healthIntervalMs`, `leaseMs` (at least twice the interval), `settleMs`
+ * (less than half the lease), `retryStrategy`, `signal`, the connector (`dsn` or `connect`) and
+ * the identity. Messages start with "Cannot create <face> as".
+ *
+ * @param options The user's options (a face's options object).
+ * @param spec The face, its key shape and its default health interval.
+ * @returns The frozen common configuration (with `key2` for the `"pair"` shape).
+ * @throws {TypeError} When an option has the wrong type or the DSN cannot be parsed.
+ * @throws {RangeError} When a value is out of range.
+ */
+export function resolveCommonOptions(
+  options: CommonOptions,
+  spec: CommonOptionsSpec & { readonly keys: "pair" },
+): CommonConfig & { readonly key2: number };
+export function resolveCommonOptions(
+  options: CommonOptions,
+  spec: CommonOptionsSpec,
+): CommonConfig;
+export function resolveCommonOptions(
+  options: CommonOptions,
+  spec: CommonOptionsSpec,
+): CommonConfig & { readonly key2?: number } {
+  const { face, defaultHealthIntervalMs } = spec;
+  const where = `Cannot create ${face}`;
+  if (typeof options !== "object" || options === null) {
+    throw new TypeError(
+      `${where} as 'options' must be an object: current value is ${String(options)}`,
+    );
+  }
+  const {
+    dsn,
+    connect,
+    retryStrategy = new ExponentialBackoff(),
+    healthIntervalMs = defaultHealthIntervalMs,
+    signal,
+    settleMs = 10,
+  } = options;
+  const keys = spec.keys === "pair" ? checkKeyPair(options, where) : checkGroupKey(options, where);
+  checkDurationMs(where, "healthIntervalMs", healthIntervalMs, 1);
+  const { leaseMs = Math.min(MAX_DURATION_MS, 3 * healthIntervalMs) } = options;
+  checkDurationMs(where, "leaseMs", leaseMs, 1);
+  if (leaseMs < 2 * healthIntervalMs) {
+    throw new RangeError(
+      `${where} as 'leaseMs' must be at least twice 'healthIntervalMs' (${healthIntervalMs}): current value is ${leaseMs}`,
+    );
+  }
+  checkDurationMs(where, "settleMs", settleMs, 0);
+  if (settleMs >= leaseMs / 2) {
+    throw new RangeError(
+      `${where} as 'settleMs' must be less than half of 'leaseMs' (${leaseMs}): current value is ${settleMs}`,
+    );
+  }
+  if (
+    typeof retryStrategy !== "object" || retryStrategy === null ||
+    typeof retryStrategy.nextDelayMs !== "function"
+  ) {
+    throw new TypeError(
+      `${where} as 'retryStrategy' must have a nextDelayMs method: current value is ${
+        describe(retryStrategy)
+      }`,
+    );
+  }
+  if (signal !== undefined && !(signal instanceof AbortSignal)) {
+    throw new TypeError(
+      `${where} as 'signal' must be an AbortSignal: current value is ${describe(signal)}`,
+    );
+  }
+  const connector = makeConnector(
+    { ...(dsn !== undefined ? { dsn } : {}), ...(connect !== undefined ? { connect } : {}) },
+    where,
+    { keepAliveDelayMs: Math.max(1000, Math.floor(leaseMs / 3)) },
+  );
+  const identity = checkIdentity(
+    where,
+    options.identity ?? connector.applicationName ?? defaultIdentity(),
+  );
+  return Object.freeze({
+    ...keys,
+    identity,
+    retryStrategy,
+    healthIntervalMs,
+    leaseMs,
+    settleMs,
+    signal,
+    connector,
+  });
+}
 
 /**
  * Validates `options` and decides every default.
@@ -133,43 +266,17 @@ const WHERE = "create LeaderLock";
  * @throws {RangeError} When a value is out of range.
  */
 export function resolveOptions(options: LeaderLockOptions): LockConfig {
-  if (typeof options !== "object" || options === null) {
-    throw new TypeError(
-      `Cannot create LeaderLock as 'options' must be an object: current value is ${
-        String(options)
-      }`,
-    );
-  }
-  const {
-    dsn,
-    connect,
-    retryStrategy = new ExponentialBackoff(),
-    healthIntervalMs = 5000,
-    reconnectGraceMs,
-    autoReacquire = true,
-    signal,
-    acquireMode = "wait",
-    settleMs = 10,
-  } = options;
-  const { key1, key2, name } = checkKeys(options);
-  checkDuration("healthIntervalMs", healthIntervalMs, { min: 1 });
-  const { leaseMs = Math.min(MAX_DURATION_MS, 3 * healthIntervalMs) } = options;
-  checkDuration("leaseMs", leaseMs, { min: 1 });
-  if (leaseMs < 2 * healthIntervalMs) {
-    throw new RangeError(
-      `Cannot create LeaderLock as 'leaseMs' must be at least twice 'healthIntervalMs' (${healthIntervalMs}): current value is ${leaseMs}`,
-    );
-  }
+  const common = resolveCommonOptions(options, {
+    face: "LeaderLock",
+    keys: "pair",
+    defaultHealthIntervalMs: 5000,
+  });
+  const { healthIntervalMs, leaseMs, identity } = common;
+  const { reconnectGraceMs, autoReacquire = true, acquireMode = "wait" } = options;
   const { waitWindowMs = Math.max(1, Math.floor(Math.min(healthIntervalMs, leaseMs / 3))) } =
     options;
   checkDuration("waitWindowMs", waitWindowMs, { min: 1 });
   if (reconnectGraceMs !== undefined) checkDuration("reconnectGraceMs", reconnectGraceMs);
-  checkDuration("settleMs", settleMs);
-  if (settleMs >= leaseMs / 2) {
-    throw new RangeError(
-      `Cannot create LeaderLock as 'settleMs' must be less than half of 'leaseMs' (${leaseMs}): current value is ${settleMs}`,
-    );
-  }
   if (typeof autoReacquire !== "boolean") {
     throw new TypeError(
       `Cannot create LeaderLock as 'autoReacquire' must be a boolean: current value is ${
@@ -184,74 +291,59 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
       }`,
     );
   }
-  if (
-    typeof retryStrategy !== "object" || retryStrategy === null ||
-    typeof retryStrategy.nextDelayMs !== "function"
-  ) {
-    throw new TypeError(
-      `Cannot create LeaderLock as 'retryStrategy' must have a nextDelayMs method: current value is ${
-        describe(retryStrategy)
-      }`,
-    );
-  }
-  if (signal !== undefined && !(signal instanceof AbortSignal)) {
-    throw new TypeError(
-      `Cannot create LeaderLock as 'signal' must be an AbortSignal: current value is ${
-        describe(signal)
-      }`,
-    );
-  }
-  const connection = {
-    ...(dsn !== undefined ? { dsn } : {}),
-    ...(connect !== undefined ? { connect } : {}),
-  };
-  const connector = makeConnector(connection, "Cannot create LeaderLock", {
-    keepAliveDelayMs: Math.max(1000, Math.floor(leaseMs / 3)),
-  });
-  const identity = checkIdentity(
-    `Cannot ${WHERE}`,
-    options.identity ?? connector.applicationName ?? defaultIdentity(),
-  );
   const settings = Object.freeze(sessionSettings({ identity, waitWindowMs, leaseMs }));
   return Object.freeze({
-    name,
-    key1,
-    key2,
-    identity,
+    ...common,
     acquireMode,
-    retryStrategy,
-    healthIntervalMs,
-    leaseMs,
     waitWindowMs,
     reconnectGraceMs,
     autoReacquire,
-    settleMs,
-    signal,
     settings,
-    connector,
   });
 }
 
-function checkKeys(
-  options: LeaderLockOptions,
+function checkKeyPair(
+  options: CommonOptions,
+  where: string,
 ): { key1: number; key2: number; name: string | undefined } {
   const { name } = options;
   if (name === undefined) {
     return {
-      key1: checkInt32("key1", options.key1),
-      key2: checkInt32("key2", options.key2),
+      key1: checkInt32(where, "key1", options.key1),
+      key2: checkInt32(where, "key2", options.key2),
       name,
     };
   }
   if (options.key1 !== undefined || options.key2 !== undefined) {
     throw new TypeError(
-      `Cannot create LeaderLock as 'name' and 'key1'/'key2' exclude each other: give a name or keys`,
+      `${where} as 'name' and 'key1'/'key2' exclude each other: give a name or keys`,
     );
   }
+  return { ...keysOfName(name, where), name };
+}
+
+/**
+ * A group's key1: given, or the first int32 of `lockKeys(name)` (the `key1` column of
+ * `LOCK_KEYS_SQL`), so that SQL and other languages find the group's locks from its name the
+ * same way as a named LeaderLock's.
+ */
+function checkGroupKey(
+  options: CommonOptions,
+  where: string,
+): { key1: number; name: string | undefined } {
+  const { name } = options;
+  if (name === undefined) return { key1: checkInt32(where, "key1", options.key1), name };
+  if (options.key1 !== undefined) {
+    throw new TypeError(`${where} as 'name' and 'key1' exclude each other: give a name or a key1`);
+  }
+  return { key1: keysOfName(name, where).key1, name };
+}
+
+function keysOfName(name: string, where: string): { key1: number; key2: number } {
   try {
-    return { ...lockKeys(name), name };
+    return lockKeys(name);
   } catch (error) {
-    const message = `Cannot create LeaderLock as 'name' is invalid: ${
+    const message = `${where} as 'name' is invalid: ${
       error instanceof Error ? error.message : String(error)
     }`;
     throw error instanceof RangeError
@@ -260,16 +352,14 @@ function checkKeys(
   }
 }
 
-function checkInt32(name: string, value: unknown): number {
-  return checkInt32In(`Cannot ${WHERE}`, name, value);
-}
-
 /** Options of {@linkcode checkDuration}. */
 export interface CheckDurationOptions {
   /** The smallest value allowed. @default {0} */
   readonly min?: number;
   /** The method being called, for the message (else the constructor). @default {undefined} */
   readonly method?: string;
+  /** The face whose constructor or method is called. @default {"LeaderLock"} */
+  readonly face?: Face;
 }
 
 /**
@@ -287,6 +377,11 @@ export function checkDuration(
   value: unknown,
   options: CheckDurationOptions = {},
 ): void {
-  const { min = 0, method } = options;
-  checkDurationMs(`Cannot ${method ? `call LeaderLock.${method}()` : WHERE}`, name, value, min);
+  const { min = 0, method, face = "LeaderLock" } = options;
+  checkDurationMs(
+    `Cannot ${method ? `call ${face}.${method}()` : `create ${face}`}`,
+    name,
+    value,
+    min,
+  );
 }

@@ -1,9 +1,12 @@
 /**
- * Counts one series of failed attempts for a {@linkcode RetryStrategy}.
+ * Counts one series of failed attempts for a {@linkcode RetryStrategy}: the one place where a
+ * strategy's answer is read, for both faces (LeaderLock's election and LeaderGroup's member). A
+ * strategy that throws or returns something that is not a delay falls back the same way in both.
+ * It needs nothing but the strategy, a monotonic clock and a callback.
  *
  * @module
  */
-import type { Clock } from "./lease.ts";
+import { PgLeaderLockError } from "./errors.ts";
 import type { RetryStrategy } from "./retry.ts";
 
 /** The delay used when a retry strategy returns something that is not a delay. */
@@ -11,10 +14,25 @@ export const FALLBACK_DELAY_MS = 1000;
 /** The longest delay a timer takes: 2^31 - 1 ms. */
 const MAX_TIMER_MS = 2_147_483_647;
 
+/**
+ * The error both faces report when a strategy's answer is not a delay: what
+ * {@linkcode RetrySeries}'s `onInvalid` is told, as one message.
+ *
+ * @param what What the strategy did (`threw ...`, `returned NaN`), as `onInvalid` receives it.
+ * @param cause What it threw, if it threw.
+ * @returns The error to dispatch as an `error` event.
+ */
+export function invalidRetryStrategyError(what: string, cause: unknown): PgLeaderLockError {
+  return new PgLeaderLockError(
+    `The retry strategy ${what}, which is not a delay in ms or null: retrying in ${FALLBACK_DELAY_MS} ms`,
+    cause === undefined ? undefined : { cause },
+  );
+}
+
 /** One series of failed attempts, reset by a success. */
 export class RetrySeries {
   readonly #strategy: RetryStrategy;
-  readonly #now: Clock;
+  readonly #now: () => number;
   readonly #onInvalid: (what: string, cause: unknown) => void;
   #attempt = 0;
   #startedAt = 0;
@@ -23,12 +41,13 @@ export class RetrySeries {
    * Creates an empty series.
    *
    * @param strategy The strategy that paces it.
-   * @param now The clock.
-   * @param onInvalid Told when the strategy returns something that is not a delay or `null`.
+   * @param now A monotonic clock in ms (for `elapsedMs`).
+   * @param onInvalid Told when the strategy throws or returns something that is not a delay or
+   * `null` ({@linkcode invalidRetryStrategyError} turns what it is told into the error to report).
    */
   constructor(
     strategy: RetryStrategy,
-    now: Clock,
+    now: () => number = () => performance.now(),
     onInvalid: (what: string, cause: unknown) => void = () => {},
   ) {
     this.#strategy = strategy;

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { ensureErrorEvent } from "../engine/_compat.ts";
 import { PgLeaderLockError } from "../engine/errors.ts";
 
 /** Why a shard's term ended without this member choosing to give it up. */
@@ -202,19 +203,32 @@ export class GroupRenewedEvent extends Event {
   }
 }
 
-/** A failure in the background: a connection that failed, a listener that threw. */
-export class GroupErrorEvent extends Event {
-  /** What went wrong. */
-  readonly error: unknown;
+// Node.js 20 has no ErrorEvent: a minimal one is defined there before the class below extends it.
+ensureErrorEvent();
+
+/**
+ * A failure in the background: a connection that failed, a listener or a `lead()` work that
+ * threw, a retry strategy that returned nonsense, or what stopped the group. Never thrown. An
+ * `ErrorEvent` like LeaderLock's `LeaderLockErrorEvent`, so that generic error handlers read its
+ * `message`.
+ */
+export class GroupErrorEvent extends ErrorEvent {
+  /** The error: always a PgLeaderLockError (anything from below is its `cause`). */
+  override readonly error: PgLeaderLockError;
 
   /**
    * Creates the event.
    *
-   * @param error What went wrong.
+   * @param error The error; anything else than a {@linkcode PgLeaderLockError} is wrapped in one
+   * (as its `cause`).
    */
   constructor(error: unknown) {
-    super("error");
-    this.error = error;
+    const wrapped = error instanceof PgLeaderLockError ? error : new PgLeaderLockError(
+      error instanceof Error ? error.message : String(error),
+      { cause: error },
+    );
+    super("error", { message: wrapped.message, error: wrapped });
+    this.error = wrapped;
   }
 }
 

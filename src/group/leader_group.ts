@@ -20,20 +20,19 @@
  *   for about P + S after a rebalance, and up to H + S after a shutdown.
  * - Once the members' views agree, each member leads floor(N/M) or ceil(N/M) shards.
  *
+ * The options LeaderLock also has (keys or name, intervals, lease, settle, retry strategy,
+ * signal, connection, identity) are resolved by the same code as LeaderLock's
+ * (`resolveCommonOptions` in `src/engine/options.ts`).
+ *
  * @module
  */
-import {
-  checkDurationMs,
-  checkIdentity,
-  checkInt32 as checkInt32In,
-  defaultIdentity,
-  describe,
-} from "../engine/_checks.ts";
+import { checkDurationMs, describe } from "../engine/_checks.ts";
 import { ListenerWrappers } from "../engine/_listeners.ts";
-import { type ConnectionOptions, makeConnector } from "../pg/connector.ts";
+import { resolveCommonOptions } from "../engine/options.ts";
+import type { CommonConfig } from "../engine/config.ts";
+import type { ConnectionOptions } from "../pg/connector.ts";
 import { PgLeaderLockError, ShutdownError } from "../engine/errors.ts";
-import { ExponentialBackoff, type RetryStrategy } from "../engine/retry.ts";
-import type { SessionConnector } from "../engine/session.ts";
+import type { RetryStrategy } from "../engine/retry.ts";
 import {
   GroupErrorEvent,
   GroupRenewedEvent,
@@ -41,16 +40,32 @@ import {
   MembershipChangeEvent,
   ShardAcquiredEvent,
   ShardLostEvent,
+  type ShardLostReason,
   ShardReleasedEvent,
+  type ShardReleaseReason,
+  ShardTermEndedError,
 } from "./events.ts";
 import { GroupMember, type MemberObserver, randomMemberId } from "./member.ts";
 import { memberSettings } from "./protocol.ts";
 import { checkShards } from "./shards.ts";
 
+/** The default of {@linkcode LeaderGroupOptions.drainMs}: LeaderLock's shutdown drain. */
+const DEFAULT_DRAIN_MS = 5000;
+
 /** Options of {@linkcode LeaderGroup}. Durations are milliseconds. */
 export interface LeaderGroupOptions extends ConnectionOptions {
-  /** The group: the first key of every shard's advisory lock (an int32). */
-  key1: number;
+  /**
+   * The group: the first key of every shard's advisory lock (an int32). Give `key1` or `name`.
+   */
+  key1?: number;
+  /**
+   * The group's name, instead of `key1`: the key1 is the first int32 of `lockKeys(name)` (the
+   * first 4 bytes of the SHA-256 of its UTF-8, big-endian; the `key1` column of `LOCK_KEYS_SQL`).
+   * The first, because the group only has a key1: each shard's key2 is its number (or the value
+   * listed in `shards`), so the name's second int32 is not used. A LeaderLock of the same name
+   * shares the key1: give a lock and a group different names. At most 255 UTF-8 bytes, no NUL.
+   */
+  name?: string;
   /**
    * The shards: a count N (key2 = 0..N-1, 1 to 1,048,576) or a list of distinct int32 key2
    * values. Every member of a group must be given the same shards.
@@ -60,6 +75,11 @@ export interface LeaderGroupOptions extends ConnectionOptions {
    * How often a member runs its tick: one statement that proves every held shard still held,
    * renews their lease and reads the membership. Also the bound on taking over a dead member's
    * shards.
+   *
+   * Shorter than LeaderLock's 5000 on purpose: a LeaderLock follower waits in PostgreSQL's lock
+   * queue and takes over within milliseconds whatever its health interval, while a member learns
+   * that another member died at its next tick, so this interval bounds shard failover (about
+   * H + settleMs). One statement per member per second, whatever the number of shards.
    *
    * @default {1000}
    */
@@ -96,30 +116,60 @@ export interface LeaderGroupOptions extends ConnectionOptions {
    */
   adoptAfterTicks?: number;
   /**
-   * Paces reconnects. Returning `null` gives up: the group stops with an `error` event.
+   * Graceful handover of a shard, as LeaderLock's `drainMs`: how long the member waits, after a
+   * term's signal aborted, for that shard's running {@linkcode LeaderGroup.lead} work to return
+   * before it unlocks the shard, at shutdown (overridable per call) and when a rebalance moves the
+   * shard to another member. A move's drain never outlasts the member's lease. 0 unlocks at once.
+   *
+   * @default {5000}
+   */
+  drainMs?: number;
+  /**
+   * Paces reconnects. Returning `null` gives up: the group stops with an `error` event. A result
+   * that is neither `null` nor a finite number >= 0 (or a strategy that throws) is reported as an
+   * `error` event and replaced by 1000 ms, as in LeaderLock (one `RetrySeries` for both).
    *
    * @default {new ExponentialBackoff()} (1 s doubling to 30 s)
    */
   retryStrategy?: RetryStrategy;
-  /** Aborting it shuts the group down (releasing every shard). */
+  /** Aborting it shuts the group down (draining the work and releasing every shard). */
   signal?: AbortSignal;
   /**
-   * What other processes see of this member (PostgreSQL's application_name), 1 to 63 bytes.
+   * What other processes see of this member (PostgreSQL's application_name), 1 to 63 printable
+   * ASCII characters.
    *
    * @default {`${hostname}:${pid}`} (the DSN's application_name if it has one)
    */
   identity?: string;
+  // --- telemetry: the `telemetry` option is added here (same shape as LeaderLock's). ---
 }
 
 /** Options of {@linkcode LeaderGroup.shutdown}. */
 export interface LeaderGroupShutdownOptions {
   /**
-   * How long to wait. When it passes the socket is closed anyway and the call rejects with
+   * How long to wait in all. When it passes the socket is closed anyway and the call rejects with
    * {@linkcode ShutdownError}.
    *
    * @default {10000}
    */
   timeoutMs?: number;
+  /**
+   * How long to wait, after every term's signal aborted (`leading` empty from that instant), for
+   * the running {@linkcode LeaderGroup.lead} work to return before the shards are unlocked. Within
+   * `timeoutMs`. 0 unlocks at once.
+   *
+   * @default {the group's drainMs} (5000)
+   */
+  drainMs?: number;
+}
+
+/** Options of {@linkcode LeaderGroup.lead}. */
+export interface LeaderGroupLeadOptions {
+  /**
+   * Aborting it ends `lead()` as LeaderLock's `lead()` option does: the group shuts down
+   * (draining the work, releasing every shard) and `lead()` resolves.
+   */
+  signal?: AbortSignal;
 }
 
 /** One shard's term, as {@linkcode LeaderGroup.lead} hands it to the work. */
@@ -134,45 +184,68 @@ export interface ShardTerm {
 
 const WHERE = "Cannot create LeaderGroup";
 
+/** A term as this face shows it: its own signal, aborted at shutdown before the drain. */
+interface FaceTerm {
+  readonly term: ShardTerm;
+  readonly controller: AbortController;
+  /** Whether the run's lead() work was started for it. */
+  workStarted: boolean;
+}
+
+/** One run of the group, from start() to the member's stop. */
+interface Run {
+  readonly member: GroupMember;
+  /** Resolves at the first join; rejects when the run ended before it. */
+  readonly started: Promise<void>;
+  /** Settles (never rejects) once the member stopped and closed everything. */
+  readonly done: Promise<void>;
+  /** key2 -> the term this face announced. */
+  readonly terms: Map<number, FaceTerm>;
+  /** key2 -> that shard's last lead() work until it returns (the next waits for it). */
+  readonly works: Map<number, Promise<void>>;
+  /** The lead() work of this run. */
+  work: ((term: ShardTerm) => unknown) | undefined;
+  /** shutdown() was called: terms ended, new ones are not announced. */
+  stopping: boolean;
+  /** The member's run has returned (stopped, or failed for good). */
+  finished: boolean;
+}
+
 /**
  * Many leaderships over one PostgreSQL session: a process competes for every shard of the group,
  * and the live processes share the shards evenly, each leading floor(N/M) or ceil(N/M) of them.
  *
- * @example Lead the shards this process is given
+ * @example Lead the shards this process is given, until Ctrl-C
  * ```ts ignore
- * import { LeaderGroup } from "@x/pgleaderlock";
+ * import { LeaderGroup, shutdownSignal } from "@x/pgleaderlock";
  *
- * await using group = new LeaderGroup({ dsn: "postgres://app@db/app", key1: 42, shards: 64 });
- * group.addEventListener("acquired", (e) => {
- *   console.log(`leading shard ${e.key2} with token ${e.fencingToken}`);
- *   e.signal.addEventListener("abort", () => console.log(`shard ${e.key2} ended`));
+ * await using group = new LeaderGroup({
+ *   dsn: "postgres://app@db/app",
+ *   name: "invoices",
+ *   shards: 64,
+ *   signal: shutdownSignal(),
  * });
- * await group.start();
+ * await group.lead(async (term) => {
+ *   console.log(`leading shard ${term.key2} with token ${term.fencingToken}`);
+ *   while (!term.signal.aborted) await new Promise((r) => setTimeout(r, 1000));
+ * });
  * ```
  */
 export class LeaderGroup extends EventTarget implements AsyncDisposable {
+  /** The group's name, when it was created with one (its key1 is derived from it). */
+  readonly name: string | undefined;
   /** The group's key1. */
   readonly key1: number;
   /** The shards' key2 values, ascending. */
   readonly shards: readonly number[];
   /** What other processes see of this member (application_name). */
   readonly identity: string;
-  readonly #options: {
-    healthIntervalMs: number;
-    leaseMs: number;
-    settleMs: number;
-    handoverPollMs: number;
-    adoptAfterTicks: number;
-    retryStrategy: RetryStrategy;
-  };
-  readonly #connect: SessionConnector;
-  readonly #signal: AbortSignal | undefined;
-  readonly #onSignal = () => {
-    this.shutdown().catch(() => {});
-  };
-  #member: GroupMember | undefined;
-  #running: Promise<void> | undefined;
-  #started: Promise<void> | undefined;
+  readonly #config: CommonConfig;
+  readonly #handoverPollMs: number;
+  readonly #adoptAfterTicks: number;
+  readonly #drainMs: number;
+  /** The current run (undefined before the first start()). */
+  #run: Run | undefined;
   readonly #wrappers = new ListenerWrappers(
     this,
     (error, event) => this.#listenerFailed(error, event),
@@ -183,46 +256,29 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
    * {@linkcode start}.
    *
    * @param options The options.
-   * @throws {TypeError} When an option has the wrong type or the DSN cannot be parsed.
+   * @throws {TypeError} When an option has the wrong type, the DSN cannot be parsed, or both or
+   * neither of `name` and `key1` are given.
    * @throws {RangeError} When a number is out of range (keys outside int32, a repeated key2, a
    * lease shorter than twice the health interval, ...).
    */
   constructor(options: LeaderGroupOptions) {
     super();
-    if (typeof options !== "object" || options === null) {
-      throw new TypeError(
-        `${WHERE} as 'options' must be an object: current value is ${String(options)}`,
-      );
-    }
+    this.#config = resolveCommonOptions(options, {
+      face: "LeaderGroup",
+      keys: "group",
+      defaultHealthIntervalMs: 1000,
+    });
+    const { name, key1, healthIntervalMs, identity } = this.#config;
+    this.name = name;
+    this.key1 = key1;
+    this.identity = identity;
+    this.shards = checkShards(WHERE, options.shards);
     const {
-      dsn,
-      connect,
-      key1,
-      shards,
-      healthIntervalMs = 1000,
-      settleMs = 10,
+      handoverPollMs = Math.min(50, healthIntervalMs),
       adoptAfterTicks = 2,
-      retryStrategy = new ExponentialBackoff(),
-      signal,
+      drainMs = DEFAULT_DRAIN_MS,
     } = options;
-    this.key1 = checkInt32("key1", key1);
-    this.shards = checkShards(WHERE, shards);
-    checkDuration("healthIntervalMs", healthIntervalMs, 1);
-    const { leaseMs = 3 * healthIntervalMs } = options;
-    checkDuration("leaseMs", leaseMs, 1);
-    if (leaseMs < 2 * healthIntervalMs) {
-      throw new RangeError(
-        `${WHERE} as 'leaseMs' must be at least twice 'healthIntervalMs' (${healthIntervalMs}): current value is ${leaseMs}`,
-      );
-    }
-    checkDuration("settleMs", settleMs, 0);
-    if (settleMs >= leaseMs / 2) {
-      throw new RangeError(
-        `${WHERE} as 'settleMs' must be less than half of 'leaseMs' (${leaseMs}): current value is ${settleMs}`,
-      );
-    }
-    const { handoverPollMs = Math.min(50, healthIntervalMs) } = options;
-    checkDuration("handoverPollMs", handoverPollMs, 1);
+    checkDurationMs(WHERE, "handoverPollMs", handoverPollMs, 1);
     if (handoverPollMs > healthIntervalMs) {
       throw new RangeError(
         `${WHERE} as 'handoverPollMs' must be at most 'healthIntervalMs' (${healthIntervalMs}): current value is ${handoverPollMs}`,
@@ -235,47 +291,24 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
         }`,
       );
     }
-    if (
-      typeof retryStrategy !== "object" || retryStrategy === null ||
-      typeof retryStrategy.nextDelayMs !== "function"
-    ) {
-      throw new TypeError(
-        `${WHERE} as 'retryStrategy' must have a nextDelayMs method: current value is ${
-          describe(retryStrategy)
-        }`,
-      );
-    }
-    if (signal !== undefined && !(signal instanceof AbortSignal)) {
-      throw new TypeError(
-        `${WHERE} as 'signal' must be an AbortSignal: current value is ${describe(signal)}`,
-      );
-    }
-    const connector = makeConnector(
-      { ...(dsn !== undefined ? { dsn } : {}), ...(connect !== undefined ? { connect } : {}) },
-      WHERE,
-      { keepAliveDelayMs: Math.max(1000, Math.floor(leaseMs / 3)) },
-    );
-    this.#connect = connector.connect;
-    const { identity = connector.applicationName ?? defaultIdentity() } = options;
-    this.identity = checkIdentity(WHERE, identity);
-    this.#options = {
-      healthIntervalMs,
-      leaseMs,
-      settleMs,
-      handoverPollMs,
-      adoptAfterTicks,
-      retryStrategy,
-    };
-    this.#signal = signal;
-    signal?.addEventListener("abort", this.#onSignal, { once: true });
+    checkDurationMs(WHERE, "drainMs", drainMs, 0);
+    this.#handoverPollMs = handoverPollMs;
+    this.#adoptAfterTicks = adoptAfterTicks;
+    this.#drainMs = drainMs;
+    // --- telemetry: instrument the group here (options.telemetry), as LeaderLock does. ---
   }
 
   /**
    * The shards this member leads now (key2 values): held, with a lease that has not run out
-   * (checked against a monotonic clock when read). A new set on every read.
+   * (checked against a monotonic clock when read). Empty from the moment `shutdown()` is called.
+   * A new set on every read.
    */
   get leading(): ReadonlySet<number> {
-    return this.#member?.leading ?? new Set();
+    const run = this.#run;
+    if (!run || run.stopping) return new Set();
+    const leading = new Set<number>();
+    for (const key2 of run.member.leading) if (run.terms.has(key2)) leading.add(key2);
+    return leading;
   }
 
   /**
@@ -285,108 +318,86 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
    * @returns The token, or `undefined` when not leading it.
    */
   fencingToken(key2: number): bigint | undefined {
-    return this.#member?.tokenOf(key2);
+    return this.#current(key2)?.term.fencingToken;
   }
 
   /**
-   * The signal of a shard's current term, while this member leads it.
+   * The signal of a shard's current term, while this member leads it: the same signal as the
+   * `acquired` event's and the {@linkcode ShardTerm}'s.
    *
    * @param key2 The shard.
    * @returns The signal, or `undefined` when not leading it.
    */
   termSignal(key2: number): AbortSignal | undefined {
-    return this.#member?.signalOf(key2);
+    return this.#current(key2)?.term.signal;
   }
 
   /** This member's id in the group (a uint32 chosen at random), while joined. */
   get memberId(): number | undefined {
-    return this.#member?.memberId;
+    return this.#run?.member.memberId;
   }
 
   /** The member ids seen at the last tick, ascending. */
   get members(): readonly number[] {
-    return this.#member?.members ?? [];
+    return this.#run?.member.members ?? [];
   }
 
   /** The PostgreSQL backend pid of this member's session, or 0 without one. */
   get backendPid(): number {
-    return this.#member?.backendPid ?? 0;
+    return this.#run?.member.backendPid ?? 0;
   }
 
   /** Milliseconds until the lease of the held shards runs out (0 when holding none). */
   get leaseRemainingMs(): number {
-    return this.#member?.leaseRemainingMs ?? 0;
+    return this.#run?.member.leaseRemainingMs ?? 0;
   }
 
   /**
    * Joins the group in the background.
    *
    * @returns Resolves once this member joined (its membership lock is held). Calling it again
-   * while running returns the same promise.
+   * while running returns the same promise; calling it after `shutdown()` (even one still in
+   * flight) starts afresh once that shutdown has finished, as LeaderLock does.
    * @throws {ConnectionError} When connecting fails for good or the retry strategy gives up
    * before the first join.
    */
   start(): Promise<void> {
-    if (this.#signal?.aborted) return Promise.reject(this.#signal.reason);
-    if (this.#started && this.#running) return this.#started;
-    let joined!: () => void;
-    const firstJoin = new Promise<void>((resolve) => joined = resolve);
-    const member = new GroupMember({
-      key1: this.key1,
-      shards: this.shards,
-      ...this.#options,
-      connect: this.#connect,
-      settings: memberSettings({ identity: this.identity, leaseMs: this.#options.leaseMs }),
-      clock: () => performance.now(),
-      memberId: randomMemberId(),
-    }, this.#observer(joined));
-    this.#member = member;
-    const running = member.run();
-    this.#running = running;
-    running.then(() => {
-      if (this.#running === running) this.#running = undefined;
-    });
-    this.#started = Promise.race([
-      firstJoin,
-      running.then(() => {
-        throw member.fatalError ??
-          new PgLeaderLockError("LeaderGroup stopped before it joined");
-      }),
-    ]);
-    return this.#started;
+    const { signal } = this.#config;
+    if (signal?.aborted) return Promise.reject(signal.reason);
+    const current = this.#run;
+    if (current && !current.stopping && !current.finished) return current.started;
+    const run = this.#newRun(current?.done ?? Promise.resolve());
+    this.#run = run;
+    return run.started;
   }
 
   /**
-   * Leaves the group: every led shard's term ends (`released`, signal aborted), the shards are
-   * unlocked, the membership dropped and the session closed. Safe to call more than once and
+   * Leaves the group: every led shard's term ends at once (`leading` empty, signals aborted), the
+   * running {@linkcode lead} work gets up to `drainMs` to return, then the shards are unlocked
+   * (`released`), the membership dropped and the session closed. Safe to call more than once and
    * before `start()`.
    *
-   * @param options The timeout.
+   * @param options The timeout and the drain.
    * @returns Resolves once everything is closed.
    * @throws {ShutdownError} When `timeoutMs` passed first; the socket was closed anyway.
    */
   async shutdown(options: LeaderGroupShutdownOptions = {}): Promise<void> {
-    const { timeoutMs = 10_000 } = options;
-    checkDuration("timeoutMs", timeoutMs, 0, "LeaderGroup.shutdown()");
-    this.#signal?.removeEventListener("abort", this.#onSignal);
-    const member = this.#member;
-    const running = this.#running;
-    if (!member || !running) return;
-    member.stop();
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const timedOut = Symbol("timeout");
-    try {
-      const outcome = await Promise.race([
-        running,
-        new Promise<typeof timedOut>((resolve) => {
-          timer = setTimeout(() => resolve(timedOut), timeoutMs);
-        }),
-      ]);
-      if (outcome !== timedOut) return;
-    } finally {
-      clearTimeout(timer);
+    const { timeoutMs = 10_000, drainMs = this.#drainMs } = options;
+    checkDurationMs("Cannot call LeaderGroup.shutdown()", "timeoutMs", timeoutMs, 0);
+    checkDurationMs("Cannot call LeaderGroup.shutdown()", "drainMs", drainMs, 0);
+    const run = this.#run;
+    if (!run) return;
+    const deadline = performance.now() + timeoutMs;
+    if (!run.stopping) {
+      run.stopping = true;
+      for (const [key2, { term, controller }] of run.terms) {
+        controller.abort(new ShardTermEndedError(this.key1, key2, term.fencingToken, "shutdown"));
+      }
     }
-    member.destroySession();
+    await this.#drain(run, [...run.works.keys()], Math.min(drainMs, timeoutMs));
+    run.member.stop();
+    if (await settlesWithin(run.done, deadline - performance.now())) return;
+    run.member.destroySession();
     throw new ShutdownError(`LeaderGroup.shutdown() did not finish within ${timeoutMs} ms`, {
       timeoutMs,
     });
@@ -398,15 +409,39 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
   }
 
   /**
-   * Runs `work` for every shard this member leads, now and from now on, each with its term. The
-   * work should stop when `term.signal` aborts; a rejection or throw becomes an `error` event.
+   * Runs `work` once per shard term, with LeaderLock's `lead()` contract: starts the group if
+   * needed, calls `work(term)` for every shard this member leads, now and from now on, never two
+   * at once for one shard (a new term's work starts after the previous term's has returned), and
+   * returns once the group stops. The work should stop when `term.signal` aborts; at shutdown
+   * and on a rebalance the shard is unlocked only after the work returned (or `drainMs` passed).
+   * A work that throws or rejects (other than with its term's end) is reported as an `error`
+   * event and the member keeps leading the shard (the work runs again in the shard's next term).
    *
-   * @param work What to do while leading a shard.
-   * @returns A function that stops starting work for new terms (running work is left to its
-   * signal).
-   * @throws {TypeError} When `work` is not a function.
+   * @example Lead every shard this process is given until Ctrl-C
+   * ```ts ignore
+   * import { LeaderGroup, shutdownSignal } from "@x/pgleaderlock";
+   *
+   * await using group = new LeaderGroup({ name: "invoices", shards: 16 });
+   * await group.lead(async (term) => {
+   *   while (!term.signal.aborted) {
+   *     // ... process the invoices of shard term.key2, passing term.fencingToken along ...
+   *     await new Promise((r) => setTimeout(r, 1000));
+   *   }
+   * }, { signal: shutdownSignal() });
+   * ```
+   *
+   * @param work The work of one shard term.
+   * @param options A signal that ends it (and shuts the group down).
+   * @returns Resolves when the group stops (shutdown, its signal, or `options.signal`), once the
+   * last work has returned.
+   * @throws {ConnectionError} When the group stopped on a permanent connection error, or gave up.
+   * @throws {TypeError} When `work` is not a function or the signal not an AbortSignal.
+   * @throws {PgLeaderLockError} When `lead()` is already running on this group.
    */
-  lead(work: (term: ShardTerm) => unknown): () => void {
+  async lead(
+    work: (term: ShardTerm) => unknown,
+    options: LeaderGroupLeadOptions = {},
+  ): Promise<void> {
     if (typeof work !== "function") {
       throw new TypeError(
         `Cannot call LeaderGroup.lead() as 'work' must be a function: current value is ${
@@ -414,23 +449,41 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
         }`,
       );
     }
-    const run = (term: ShardTerm) => {
-      try {
-        const result = work(term);
-        if (result instanceof Promise) result.catch((error) => this.#workFailed(term, error));
-      } catch (error) {
-        this.#workFailed(term, error);
-      }
-    };
-    const onAcquired = (event: ShardAcquiredEvent) =>
-      run({ key2: event.key2, fencingToken: event.fencingToken, signal: event.signal });
-    this.addEventListener("acquired", onAcquired);
-    for (const key2 of this.leading) {
-      const fencingToken = this.fencingToken(key2);
-      const signal = this.termSignal(key2);
-      if (fencingToken !== undefined && signal !== undefined) run({ key2, fencingToken, signal });
+    const { signal } = options;
+    if (signal !== undefined && !(signal instanceof AbortSignal)) {
+      throw new TypeError(
+        `Cannot call LeaderGroup.lead() as 'signal' must be an AbortSignal: current value is ${
+          describe(signal)
+        }`,
+      );
     }
-    return () => this.removeEventListener("acquired", onAcquired);
+    signal?.throwIfAborted();
+    const started = this.start();
+    const run = this.#run;
+    // The group's signal has aborted: start() rejected with its reason.
+    if (!run || this.#config.signal?.aborted) return await started;
+    if (run.work) {
+      throw new PgLeaderLockError("LeaderGroup.lead() is already running on this group");
+    }
+    run.work = work;
+    for (const term of run.terms.values()) this.#startWork(run, term);
+    const onAbort = () => {
+      this.shutdown().catch(() => {});
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      try {
+        await started;
+      } catch (error) {
+        if (!run.stopping) throw error;
+      }
+      await run.done;
+      while (run.works.size > 0) await Promise.all(run.works.values());
+      const fatal = run.member.fatalError;
+      if (fatal !== undefined && !run.stopping) throw fatal;
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+    }
   }
 
   /**
@@ -500,12 +553,176 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
     if (wrapped) super.removeEventListener(type, wrapped, options);
   }
 
-  #workFailed(term: ShardTerm, error: unknown): void {
-    this.dispatchEvent(
-      new GroupErrorEvent(
-        new PgLeaderLockError(`The work of shard ${term.key2} failed`, { cause: error }),
-      ),
-    );
+  /** The announced term of `key2` while this member leads it. */
+  #current(key2: number): FaceTerm | undefined {
+    const run = this.#run;
+    if (!run || run.stopping || run.member.tokenOf(key2) === undefined) return undefined;
+    return run.terms.get(key2);
+  }
+
+  /** A run whose member starts once `previous` (the last run) has finished. */
+  #newRun(previous: Promise<void>): Run {
+    const config = this.#config;
+    let joined!: () => void;
+    const firstJoin = new Promise<void>((resolve) => joined = resolve);
+    const member = new GroupMember({
+      key1: this.key1,
+      shards: this.shards,
+      healthIntervalMs: config.healthIntervalMs,
+      leaseMs: config.leaseMs,
+      settleMs: config.settleMs,
+      handoverPollMs: this.#handoverPollMs,
+      adoptAfterTicks: this.#adoptAfterTicks,
+      retryStrategy: config.retryStrategy,
+      connect: config.connector.connect,
+      settings: memberSettings({ identity: this.identity, leaseMs: config.leaseMs }),
+      clock: () => performance.now(),
+      memberId: randomMemberId(),
+    }, this.#observer(() => run, () => joined()));
+    const { signal } = config;
+    const onAbort = () => {
+      this.shutdown().catch(() => {});
+    };
+    const done = previous.then(async () => {
+      signal?.addEventListener("abort", onAbort, { once: true });
+      try {
+        await member.run();
+      } finally {
+        signal?.removeEventListener("abort", onAbort);
+        run.finished = true;
+      }
+    });
+    const started = Promise.race([
+      firstJoin,
+      done.then(() => {
+        throw member.fatalError ?? new PgLeaderLockError("LeaderGroup stopped before it joined");
+      }),
+    ]);
+    // A caller that drops start()'s promise must not get an unhandled rejection.
+    started.catch(() => {});
+    const run: Run = {
+      member,
+      started,
+      done,
+      terms: new Map(),
+      works: new Map(),
+      work: undefined,
+      stopping: false,
+      finished: false,
+    };
+    return run;
+  }
+
+  // --- shard terms: the one place a ShardTerm is built ---------------------------------------
+
+  /**
+   * The term handed to the work and announced in events.
+   *
+   * @param key2 The shard.
+   * @param fencingToken The term's token.
+   * @param signal The term's signal (this face's).
+   * @returns The term.
+   */
+  #shardTerm(key2: number, fencingToken: bigint, signal: AbortSignal): ShardTerm {
+    return Object.freeze({ key2, fencingToken, signal });
+  }
+
+  // ---------------------------------------------------------------------------------------------
+
+  /** Starts the run's lead() work for `term`, after the shard's previous work has returned. */
+  #startWork(run: Run, term: FaceTerm): void {
+    const work = run.work;
+    if (!work || term.workStarted || run.stopping) return;
+    term.workStarted = true;
+    const { key2 } = term.term;
+    const once = async () => {
+      if (term.term.signal.aborted) return; // never start work for a term that is over
+      try {
+        await work(term.term);
+      } catch (error) {
+        const signal = term.term.signal;
+        if (signal.aborted && error === signal.reason) return;
+        if (error instanceof ShardTermEndedError) return;
+        this.dispatchEvent(
+          new GroupErrorEvent(
+            new PgLeaderLockError(
+              `The lead() work of shard ${key2} threw: ${
+                error instanceof Error ? error.message : String(error)
+              }`,
+              { cause: error },
+            ),
+          ),
+        );
+      }
+    };
+    const previous = run.works.get(key2);
+    const done = previous ? previous.then(once) : once();
+    run.works.set(key2, done);
+    done.then(() => {
+      if (run.works.get(key2) === done) run.works.delete(key2);
+    });
+  }
+
+  /**
+   * Waits up to `ms` for the lead() work of `keys` to return.
+   *
+   * @param run The run.
+   * @param keys The shards.
+   * @param ms The bound.
+   */
+  async #drain(run: Run, keys: readonly number[], ms: number): Promise<void> {
+    const works = keys.flatMap((k) => run.works.get(k) ?? []);
+    if (works.length === 0 || ms <= 0) return;
+    await settlesWithin(Promise.all(works), ms);
+  }
+
+  #observer(run: () => Run, joined: () => void): MemberObserver & DrainObserver {
+    const end = (
+      key2: number,
+      token: bigint,
+      dispatch: (signal: AbortSignal) => Event,
+    ) => {
+      const terms = run().terms;
+      const term = terms.get(key2);
+      // A term announced while stopping was never shown: its end is not either.
+      if (!term || term.term.fencingToken !== token) return;
+      terms.delete(key2);
+      this.dispatchEvent(dispatch(term.term.signal));
+    };
+    return {
+      acquired: (key2, token, memberSignal) => {
+        const current = run();
+        if (current.stopping) return; // released at once by the stop
+        const controller = new AbortController();
+        const onEnd = () => controller.abort(memberSignal.reason);
+        if (memberSignal.aborted) onEnd();
+        else memberSignal.addEventListener("abort", onEnd, { once: true });
+        const term: FaceTerm = {
+          term: this.#shardTerm(key2, token, controller.signal),
+          controller,
+          workStarted: false,
+        };
+        current.terms.set(key2, term);
+        this.dispatchEvent(new ShardAcquiredEvent(key2, token, controller.signal));
+        this.#startWork(current, term);
+      },
+      released: (key2, token, _signal, reason: ShardReleaseReason) =>
+        end(key2, token, (signal) => new ShardReleasedEvent(key2, token, signal, reason)),
+      lost: (key2, token, _signal, reason: ShardLostReason, error) =>
+        end(key2, token, (signal) => new ShardLostEvent(key2, token, signal, reason, error)),
+      membership: (members, share) => this.dispatchEvent(new MembershipChangeEvent(members, share)),
+      renewed: (shards, deadline) => this.dispatchEvent(new GroupRenewedEvent(shards, deadline)),
+      error: (error) => this.dispatchEvent(new GroupErrorEvent(error)),
+      joined,
+      drain: (keys) => {
+        const current = run();
+        const ms = Math.min(
+          this.#drainMs,
+          current.member.leaseRemainingMs - this.#config.healthIntervalMs,
+        );
+        return this.#drain(current, keys, ms);
+      },
+    };
   }
 
   #listenerFailed(error: unknown, event: Event): void {
@@ -519,27 +736,30 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       ),
     );
   }
+}
 
-  #observer(joined: () => void): MemberObserver {
-    return {
-      acquired: (key2, token, signal) =>
-        this.dispatchEvent(new ShardAcquiredEvent(key2, token, signal)),
-      released: (key2, token, signal, reason) =>
-        this.dispatchEvent(new ShardReleasedEvent(key2, token, signal, reason)),
-      lost: (key2, token, signal, reason, error) =>
-        this.dispatchEvent(new ShardLostEvent(key2, token, signal, reason, error)),
-      membership: (members, share) => this.dispatchEvent(new MembershipChangeEvent(members, share)),
-      renewed: (shards, deadline) => this.dispatchEvent(new GroupRenewedEvent(shards, deadline)),
-      error: (error) => this.dispatchEvent(new GroupErrorEvent(error)),
-      joined,
-    };
+/**
+ * The hook a member awaits between ending terms on purpose (a rebalance move, a shutdown) and
+ * unlocking their shards, so that the shards' lead() work can drain (bounded by `drainMs` and by
+ * the member's lease). Never rejects.
+ */
+export interface DrainObserver {
+  drain(keys: readonly number[], reason: ShardReleaseReason): Promise<void>;
+}
+
+/** Whether `promise` settled within `ms` (it is left running otherwise). */
+async function settlesWithin(promise: Promise<unknown>, ms: number): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timedOut = Symbol("timeout");
+  try {
+    const outcome = await Promise.race([
+      promise.then(() => undefined, () => undefined),
+      new Promise<typeof timedOut>((resolve) => {
+        timer = setTimeout(() => resolve(timedOut), Math.max(0, ms));
+      }),
+    ]);
+    return outcome !== timedOut;
+  } finally {
+    clearTimeout(timer);
   }
-}
-
-function checkInt32(name: string, value: unknown): number {
-  return checkInt32In(WHERE, name, value);
-}
-
-function checkDuration(name: string, value: unknown, min: number, method?: string): void {
-  checkDurationMs(method ? `Cannot call ${method}` : WHERE, name, value, min);
 }

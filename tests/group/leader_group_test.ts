@@ -64,6 +64,7 @@ Deno.test({
   const released: { key2: number; reason: string }[] = [];
   const errors: unknown[] = [];
   let group: LeaderGroup | undefined;
+  let leading: Promise<void> | undefined;
   {
     await using g = new LeaderGroup({
       dsn: pg.dsn,
@@ -78,7 +79,7 @@ Deno.test({
     g.addEventListener("lost", (e) => lost.push({ key2: e.key2, reason: e.reason }));
     g.addEventListener("released", (e) => released.push({ key2: e.key2, reason: e.reason }));
     g.addEventListener("error", (e) => errors.push(e.error));
-    const stopLeading = g.lead((term) => {
+    leading = g.lead((term) => {
       started.push({ key2: term.key2, token: term.fencingToken, signal: term.signal });
     });
     await g.start();
@@ -109,8 +110,8 @@ Deno.test({
       assert.ok(g.fencingToken(key2)! > first.get(key2)!.token, `token of ${key2} increased`);
     }
     assert.equal(started.length, 8, "lead() ran the work for every new term");
-    stopLeading();
   }
+  await leading; // lead() settles once the group has stopped
   assert.equal(group.leading.size, 0);
   assert.deepEqual(released.map((r) => r.reason), ["shutdown", "shutdown", "shutdown", "shutdown"]);
   assert.ok(started.slice(4).every((s) => s.signal.aborted));
