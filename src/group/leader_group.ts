@@ -556,8 +556,10 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
   /** The announced term of `key2` while this member leads it. */
   #current(key2: number): FaceTerm | undefined {
     const run = this.#run;
-    if (!run || run.stopping || run.member.tokenOf(key2) === undefined) return undefined;
-    return run.terms.get(key2);
+    if (!run || run.stopping) return undefined;
+    const token = run.member.tokenOf(key2);
+    const term = run.terms.get(key2);
+    return token !== undefined && term?.term.fencingToken === token ? term : undefined;
   }
 
   /** A run whose member starts once `previous` (the last run) has finished. */
@@ -741,9 +743,9 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
 /**
  * The hook a member awaits between ending terms on purpose (a rebalance move, a shutdown) and
  * unlocking their shards, so that the shards' lead() work can drain (bounded by `drainMs` and by
- * the member's lease). Never rejects.
+ * the member's lease). Never rejects. (`MemberObserver.drain`, optional there.)
  */
-export interface DrainObserver {
+interface DrainObserver {
   drain(keys: readonly number[], reason: ShardReleaseReason): Promise<void>;
 }
 
