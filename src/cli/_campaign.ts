@@ -7,7 +7,7 @@
  */
 import { LeaderLock, type LeaderLockOptions, type Term } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
-import { type HttpEndpoints, serveEndpoints } from "./_http.ts";
+import { type HolderInfo, type HttpEndpoints, serveEndpoints } from "./_http.ts";
 import { type LockSettings, LoggedRetry, logLockEvents } from "./_lock_flags.ts";
 import { LockMetrics, type MetricFamily } from "./_metrics.ts";
 import { errorMessage, type FieldValue, type Logger } from "./_output.ts";
@@ -31,16 +31,6 @@ export interface CampaignOptions {
    * @default {0}
    */
   readonly drainMs?: number;
-}
-
-/** The session holding the lock, as a follower last saw it (or this process, while leading). */
-export interface HolderInfo {
-  /** The holder's backend pid. */
-  readonly pid: number;
-  /** Its identity, when this role may see it. */
-  readonly identity: string | undefined;
-  /** When this process first saw it hold the lock (or took the lock itself). */
-  readonly seenSince: Date;
 }
 
 /** A LeaderLock with its logging, endpoints and a record of how it stopped. */
