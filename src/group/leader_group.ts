@@ -46,6 +46,7 @@ import {
 import { GroupMember, type MemberObserver, randomMemberId } from "./member.ts";
 import { memberSettings } from "./protocol.ts";
 import { checkShards } from "./shards.ts";
+import { checkTelemetry, type TelemetryOptions } from "../engine/telemetry_options.ts";
 
 /** Options of {@linkcode LeaderGroup}. Durations are milliseconds. */
 export interface LeaderGroupOptions extends ConnectionOptions {
@@ -109,6 +110,15 @@ export interface LeaderGroupOptions extends ConnectionOptions {
    * @default {`${hostname}:${pid}`} (the DSN's application_name if it has one)
    */
   identity?: string;
+  /**
+   * OpenTelemetry metrics through `npm:@opentelemetry/api` (the names of a LeaderLock's where they
+   * mean the same): `true` records through the global meter provider, an object through the
+   * given one. Without it (or with `false`) no OpenTelemetry module is loaded. `start()` waits for
+   * the recorder; a failure to load it is an `error` event.
+   *
+   * @default {false}
+   */
+  telemetry?: TelemetryOptions | boolean;
 }
 
 /** Options of {@linkcode LeaderGroup.shutdown}. */
@@ -173,6 +183,8 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
   #member: GroupMember | undefined;
   #running: Promise<void> | undefined;
   #started: Promise<void> | undefined;
+  /** Settles once the `telemetry` option's recorder listens (or failed to load): start() waits. */
+  #telemetry: Promise<void> | undefined;
   readonly #wrappers = new ListenerWrappers(
     this,
     (error, event) => this.#listenerFailed(error, event),
@@ -268,6 +280,23 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
     };
     this.#signal = signal;
     signal?.addEventListener("abort", this.#onSignal, { once: true });
+    // Telemetry, the outer ring: loaded only when asked for (a literal specifier keeps the module
+    // graph of `deno compile`), reported as an `error` event when it cannot load.
+    const telemetry = checkTelemetry(WHERE, options.telemetry);
+    if (telemetry) {
+      this.#telemetry = import("../telemetry/group.ts")
+        .then((recorder) => recorder.instrumentLeaderGroup(this, telemetry))
+        .then(() => {}, (error: unknown) => {
+          this.dispatchEvent(
+            new GroupErrorEvent(
+              new PgLeaderLockError(
+                `Cannot load telemetry: ${error instanceof Error ? error.message : String(error)}`,
+                { cause: error },
+              ),
+            ),
+          );
+        });
+    }
   }
 
   /**
@@ -341,7 +370,9 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       memberId: randomMemberId(),
     }, this.#observer(joined));
     this.#member = member;
-    const running = member.run();
+    // After telemetry listens: it sees every event from the first on.
+    const telemetry = this.#telemetry;
+    const running = telemetry ? telemetry.then(() => member.run()) : member.run();
     this.#running = running;
     running.then(() => {
       if (this.#running === running) this.#running = undefined;

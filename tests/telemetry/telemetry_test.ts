@@ -143,7 +143,10 @@ Deno.test("instrumentLeaderLock records a handover between two locks in metrics 
   const a = new LeaderLock(fastOptions(pg, keys, { identity: "tel-a" }));
   const b = new LeaderLock(fastOptions(pg, keys, { identity: "tel-b" }));
   const providers = { meterProvider: otel.meterProvider, tracerProvider: otel.tracerProvider };
-  const telemetry = [instrumentLeaderLock(a, providers), instrumentLeaderLock(b, providers)];
+  const telemetry = [
+    await instrumentLeaderLock(a, providers),
+    await instrumentLeaderLock(b, providers),
+  ];
   const counts = (lock: LeaderLock) => {
     const seen = { acquired: 0, renewed: 0, acquirefailed: 0, leaderchange: 0, error: 0 };
     const tokens: bigint[] = [];
@@ -302,7 +305,7 @@ Deno.test("instrumentLeaderLock without an SDK records nothing and the lock stil
   const keys = freshKeys();
   const a = new LeaderLock(fastOptions(pg, keys, { identity: "noop-a" }));
   const b = new LeaderLock(fastOptions(pg, keys, { identity: "noop-b" }));
-  const telemetry = [instrumentLeaderLock(a), instrumentLeaderLock(b)];
+  const telemetry = [await instrumentLeaderLock(a), await instrumentLeaderLock(b)];
   const errors: unknown[] = [];
   for (const lock of [a, b]) lock.addEventListener("error", (e) => errors.push(e.error));
   try {
@@ -349,11 +352,11 @@ Deno.test("instrumentLeaderLock never throws into the lock when the SDK fails", 
   const errors: unknown[] = [];
   lock.addEventListener("error", (e) => errors.push(e.error));
   const telemetry = [
-    instrumentLeaderLock(lock, {
+    await instrumentLeaderLock(lock, {
       meterProvider: { getMeter: () => brokenMeter },
       tracerProvider: { getTracer: () => ({ startSpan: () => brokenSpan }) },
     }),
-    instrumentLeaderLock(lock, {
+    await instrumentLeaderLock(lock, {
       meterProvider: { getMeter: fail },
       tracerProvider: { getTracer: () => ({ startSpan: fail }) },
     }),
@@ -381,8 +384,8 @@ Deno.test("instrumentLeaderLock's dispose() removes the gauges, stops counting a
   const providers = { meterProvider: otel.meterProvider, tracerProvider: otel.tracerProvider };
   const attrsA = { identity: "dispose-a" };
   try {
-    const telemetryA = instrumentLeaderLock(a, providers);
-    const telemetryB = instrumentLeaderLock(b, providers);
+    const telemetryA = await instrumentLeaderLock(a, providers);
+    const telemetryB = await instrumentLeaderLock(b, providers);
     await a.start();
     assert(await a.waitForLeadership({ timeoutMs: 5000 }));
     await b.start();
@@ -412,27 +415,27 @@ Deno.test("instrumentLeaderLock's dispose() removes the gauges, stops counting a
   }
 });
 
-Deno.test("instrumentLeaderLock rejects what is not a lock or a provider", () => {
+Deno.test("instrumentLeaderLock rejects what is not a lock or a provider", async () => {
   const lock = new LeaderLock({ dsn: "postgres://u@127.0.0.1:1/db", key1: 1, key2: 2 });
-  nodeAssert.throws(
+  await nodeAssert.rejects(
     () => instrumentLeaderLock(null as unknown as LeaderLock),
     new TypeError(
       "Cannot instrument LeaderLock as 'lock' must be a LeaderLock: current value is null",
     ),
   );
-  nodeAssert.throws(
+  await nodeAssert.rejects(
     () => instrumentLeaderLock(lock, { meterProvider: {} as never }),
     new TypeError(
       "Cannot instrument LeaderLock as 'meterProvider' must have a getMeter method: current value is an object",
     ),
   );
-  nodeAssert.throws(
+  await nodeAssert.rejects(
     () => instrumentLeaderLock(lock, { tracerProvider: 3 as never }),
     new TypeError(
       "Cannot instrument LeaderLock as 'tracerProvider' must have a getTracer method: current value is 3",
     ),
   );
-  nodeAssert.throws(
+  await nodeAssert.rejects(
     () => instrumentLeaderLock(lock, { countLeaderChanges: "yes" as never }),
     new TypeError(
       "Cannot instrument LeaderLock as 'countLeaderChanges' must be a boolean: current value is \"yes\"",
@@ -460,8 +463,8 @@ Deno.test("an instrumented lock that is no longer referenced is collected and le
       script,
       `
 import { AggregationTemporality, MeterProvider, MetricReader } from "npm:@opentelemetry/sdk-metrics@^3.1.1";
-import { LeaderLock } from "${here("../mod.ts")}";
-import { instrumentLeaderLock } from "${here("../src/telemetry/telemetry.ts")}";
+import { LeaderLock } from "${here("../../mod.ts")}";
+import { instrumentLeaderLock } from "${here("../../src/telemetry/telemetry.ts")}";
 class Reader extends MetricReader {
   protected override onForceFlush() { return Promise.resolve(); }
   protected override onShutdown() { return Promise.resolve(); }
@@ -472,10 +475,10 @@ const leaderPoints = async () => (await reader.collect()).resourceMetrics.scopeM
   .flatMap((s) => s.metrics).filter((m) => m.descriptor.name === "pgleaderlock_leader")
   .flatMap((m) => m.dataPoints).length;
 let ref;
-(() => {
+await (async () => {
   const lock = new LeaderLock({ dsn: "postgres://u@127.0.0.1:1/db", key1: 1, key2: 2 });
   ref = new WeakRef(lock);
-  instrumentLeaderLock(lock, { meterProvider }); // never disposed
+  await instrumentLeaderLock(lock, { meterProvider }); // never disposed
 })();
 const before = await leaderPoints();
 for (let i = 0; i < 5 && ref.deref(); i++) {
@@ -517,7 +520,7 @@ Deno.test("instrumentLeaderLock labels every point with the lock's keys, identit
   });
   // The lock's optional name (being added to LeaderLock): read like any public property.
   Object.defineProperty(lock, "name", { value: "billing-cron" });
-  using _telemetry = instrumentLeaderLock(lock, { meterProvider: otel.meterProvider });
+  using _telemetry = await instrumentLeaderLock(lock, { meterProvider: otel.meterProvider });
   const m = await otel.collect();
   const labels = { key1: -5, key2: 9, identity: "named", name: "billing-cron" };
   assertEquals(m.value("pgleaderlock_leader", labels), 0);
