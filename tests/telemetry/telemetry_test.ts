@@ -1,18 +1,6 @@
 import nodeAssert from "node:assert/strict";
 import { metrics, SpanStatusCode, trace } from "npm:@opentelemetry/api@^1.9.0";
-import {
-  AggregationTemporality,
-  DataPointType,
-  MeterProvider,
-  MetricReader,
-  type ResourceMetrics,
-} from "npm:@opentelemetry/sdk-metrics@^3.1.1";
-import {
-  InMemorySpanExporter,
-  type ReadableSpan,
-  SimpleSpanProcessor,
-  TracerProvider,
-} from "npm:@opentelemetry/sdk-trace@^3.1.1";
+import { AggregationTemporality } from "npm:@opentelemetry/sdk-metrics@^3.1.1";
 // Only the serializer's types: the package's index references Node's types, whose global Event
 // would clash with Deno's in this file's listeners.
 // @ts-types="npm:@opentelemetry/exporter-prometheus@^0.301.0/dist/PrometheusSerializer.d.mts"
@@ -26,102 +14,9 @@ import {
   instrumentLeaderLock,
   LOCK_METRICS,
   STEP_DOWN_SPAN,
-  TELEMETRY_SCOPE,
 } from "../../src/telemetry/telemetry.ts";
 import { fastOptions, freshKeys, shutdownAll, until, untilQueued } from "../_helpers.ts";
-
-/** A reader that collects only when asked: no timer. */
-class ManualReader extends MetricReader {
-  protected override onForceFlush(): Promise<void> {
-    return Promise.resolve();
-  }
-  protected override onShutdown(): Promise<void> {
-    return Promise.resolve();
-  }
-}
-
-/**
- * An SDK meter and tracer provider recording in memory. With `delta`, a collection holds only
- * what was recorded or observed since the previous one.
- */
-function sdk(temporality = AggregationTemporality.CUMULATIVE) {
-  const reader = new ManualReader({ aggregationTemporalitySelector: () => temporality });
-  const meterProvider = new MeterProvider({ readers: [reader] });
-  const spans = new InMemorySpanExporter();
-  const tracerProvider = new TracerProvider({
-    spanProcessors: [new SimpleSpanProcessor({ exporter: spans })],
-  });
-  return {
-    reader,
-    meterProvider,
-    tracerProvider,
-    async collect(): Promise<Collected> {
-      const { resourceMetrics, errors } = await reader.collect();
-      assertEquals(errors, []);
-      return new Collected(resourceMetrics);
-    },
-    async finishedSpans(): Promise<ReadableSpan[]> {
-      await tracerProvider.forceFlush();
-      return spans.getFinishedSpans();
-    },
-    async [Symbol.asyncDispose]() {
-      await meterProvider.shutdown();
-      await tracerProvider.shutdown();
-    },
-  };
-}
-
-/** One collection of metrics, searchable by name and attributes. */
-class Collected {
-  constructor(readonly resourceMetrics: ResourceMetrics) {}
-
-  #metric(name: string) {
-    for (const scope of this.resourceMetrics.scopeMetrics) {
-      if (scope.scope.name !== TELEMETRY_SCOPE) continue;
-      const metric = scope.metrics.find((m) => m.descriptor.name === name);
-      if (metric) return metric;
-    }
-    return undefined;
-  }
-
-  /** Data points of `name` whose attributes include `attributes`. */
-  points(name: string, attributes: Record<string, unknown>) {
-    const metric = this.#metric(name);
-    if (!metric) return [];
-    return (metric.dataPoints as { attributes: Record<string, unknown>; value: unknown }[])
-      .filter((p) => Object.entries(attributes).every(([k, v]) => p.attributes[k] === v));
-  }
-
-  /** The value of the one point of a counter or gauge that matches. */
-  value(name: string, attributes: Record<string, unknown>): number {
-    const points = this.points(name, attributes);
-    assertEquals(
-      points.length,
-      1,
-      `${name} ${JSON.stringify(attributes)}: ${points.length} points`,
-    );
-    return points[0]!.value as number;
-  }
-
-  /** The count and sum of the one histogram point that matches. */
-  histogram(name: string, attributes: Record<string, unknown>): { count: number; sum: number } {
-    const metric = this.#metric(name);
-    assertEquals(metric?.dataPointType, DataPointType.HISTOGRAM);
-    const points = this.points(name, attributes);
-    if (points.length === 0) return { count: 0, sum: 0 };
-    assertEquals(points.length, 1);
-    const { count, sum } = points[0]!.value as { count: number; sum: number };
-    return { count, sum: sum ?? 0 };
-  }
-}
-
-function spansOf(spans: ReadableSpan[], name: string, identity: string): ReadableSpan[] {
-  return spans.filter((s) => s.name === name && s.attributes["pgleaderlock.identity"] === identity);
-}
-
-function ms([seconds, nanos]: [number, number]): number {
-  return seconds * 1000 + nanos / 1e6;
-}
+import { ms, sdk, spansOf } from "./_sdk.ts";
 
 /** Family name -> [type, help] from Prometheus text. */
 function families(text: string): Map<string, [string, string]> {
