@@ -234,7 +234,10 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     const current = this.#election;
     if (current && !this.#stopRequested && this.#run && !current.finished) return current.ready;
     // After the previous run, and after telemetry listens: it sees every event from the first on.
-    const previous = Promise.all([this.#run, this.#telemetry]);
+    const telemetry = this.#telemetry;
+    const previous = telemetry
+      ? Promise.all([this.#run, telemetry])
+      : this.#run ?? Promise.resolve();
     const election = new Election(this.#config, (event) => this.dispatchEvent(event));
     election.watchHolder = this.#leaderChangeListeners.size > 0;
     this.#election = election;
