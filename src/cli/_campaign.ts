@@ -76,6 +76,7 @@ export class Campaign implements AsyncDisposable {
       this.lock = new LeaderLock({
         ...settings.options,
         ...(retry !== undefined ? { retryStrategy: retry } : {}),
+        ...(denoExportsTelemetry() ? { telemetry: true } : {}),
         ...overrides,
       });
     } catch (error) {
@@ -242,6 +243,21 @@ export class Campaign implements AsyncDisposable {
   /** Calls {@linkcode close}. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
+  }
+}
+
+/**
+ * Whether Deno exports OpenTelemetry (`OTEL_DENO=true`): then the lock records through the global
+ * providers Deno registers, as the library's `telemetry: true`; otherwise the CLI loads no
+ * OpenTelemetry module.
+ *
+ * @returns `true` when `OTEL_DENO` is `true` or `1` (and may be read).
+ */
+export function denoExportsTelemetry(): boolean {
+  try {
+    return /^(true|1)$/i.test(Deno.env.get("OTEL_DENO") ?? "");
+  } catch {
+    return false; // no --allow-env
   }
 }
 

@@ -43,7 +43,7 @@ export interface MetricFamily {
  * @param samples Its samples.
  * @returns The family.
  */
-export function family(spec: MetricDescription, samples: readonly Sample[]): MetricFamily {
+function family(spec: MetricDescription, samples: readonly Sample[]): MetricFamily {
   if (spec.instrument === "histogram") {
     throw new TypeError(`Cannot print ${spec.name}: histograms are not printed on /metrics`);
   }
