@@ -36,7 +36,11 @@ export {
 } from "./src/lock/leader_lock.ts";
 export type { Term, TermTransaction } from "./src/engine/term.ts";
 export type { Row } from "./src/engine/protocol.ts";
-export type { MeterProviderLike, TracerProviderLike } from "./src/telemetry/telemetry.ts";
+export type {
+  MeterProviderLike,
+  TelemetryOptions,
+  TracerProviderLike,
+} from "./src/engine/telemetry_options.ts";
 export { shutdownSignal, type ShutdownSignalName } from "./src/engine/signals.ts";
 export { LOCK_KEYS_SQL, lockKeys } from "./src/engine/lock_name.ts";
 export type { LockState } from "./src/engine/state.ts";

@@ -16,7 +16,6 @@ import {
   type Term,
   termEnd,
 } from "./_candidates.ts";
-import { definedOnly } from "./_floor.ts";
 import { cpuStallMs, round, summarize, type Summary } from "./_stats.ts";
 import type { BenchCandidateConfig } from "./candidate.ts";
 
@@ -672,4 +671,18 @@ export async function runFresh(
   }
   for (const name of Object.keys(overlapTotal)) overlapTotal[name] = round(overlapTotal[name]!, 2);
   return { results, overlapTotalMs: overlapTotal };
+}
+
+/**
+ * `record` without its undefined fields.
+ *
+ * @param record A record.
+ * @returns A copy with only the defined fields.
+ */
+export function definedOnly<T extends Record<string, unknown>>(
+  record: T,
+): { [K in keyof T]?: Exclude<T[K], undefined> } {
+  return Object.fromEntries(Object.entries(record).filter(([, v]) => v !== undefined)) as {
+    [K in keyof T]?: Exclude<T[K], undefined>;
+  };
 }

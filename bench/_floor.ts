@@ -7,7 +7,7 @@
  * @module
  */
 import { Group, now, sleep } from "./_candidates.ts";
-import { type FailoverEnv, oldLeaderStages, type TrialStages } from "./_failover.ts";
+import { definedOnly, type FailoverEnv, oldLeaderStages, type TrialStages } from "./_failover.ts";
 import { round, summarize, type Summary } from "./_stats.ts";
 
 /** The faults the floor is measured for. */
@@ -153,18 +153,4 @@ export async function runFloor(
     results.push(result);
   }
   return results;
-}
-
-/**
- * `record` without its undefined fields.
- *
- * @param record A record.
- * @returns A copy with only the defined fields.
- */
-export function definedOnly<T extends Record<string, unknown>>(
-  record: T,
-): { [K in keyof T]?: Exclude<T[K], undefined> } {
-  return Object.fromEntries(Object.entries(record).filter(([, v]) => v !== undefined)) as {
-    [K in keyof T]?: Exclude<T[K], undefined>;
-  };
 }

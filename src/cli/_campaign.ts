@@ -7,7 +7,7 @@
  */
 import { LeaderLock, type LeaderLockOptions, type Term } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
-import { type HttpEndpoints, serveEndpoints } from "./_http.ts";
+import { type HolderInfo, type HttpEndpoints, serveEndpoints } from "./_http.ts";
 import { type LockSettings, LoggedRetry, logLockEvents } from "./_lock_flags.ts";
 import { LockMetrics, type MetricFamily } from "./_metrics.ts";
 import { errorMessage, type FieldValue, type Logger } from "./_output.ts";
@@ -31,16 +31,6 @@ export interface CampaignOptions {
    * @default {0}
    */
   readonly drainMs?: number;
-}
-
-/** The session holding the lock, as a follower last saw it (or this process, while leading). */
-export interface HolderInfo {
-  /** The holder's backend pid. */
-  readonly pid: number;
-  /** Its identity, when this role may see it. */
-  readonly identity: string | undefined;
-  /** When this process first saw it hold the lock (or took the lock itself). */
-  readonly seenSince: Date;
 }
 
 /** A LeaderLock with its logging, endpoints and a record of how it stopped. */
@@ -86,6 +76,7 @@ export class Campaign implements AsyncDisposable {
       this.lock = new LeaderLock({
         ...settings.options,
         ...(retry !== undefined ? { retryStrategy: retry } : {}),
+        ...(denoExportsTelemetry() ? { telemetry: true } : {}),
         ...overrides,
       });
     } catch (error) {
@@ -252,6 +243,21 @@ export class Campaign implements AsyncDisposable {
   /** Calls {@linkcode close}. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
+  }
+}
+
+/**
+ * Whether Deno exports OpenTelemetry (`OTEL_DENO=true`): then the lock records through the global
+ * providers Deno registers, as the library's `telemetry: true`; otherwise the CLI loads no
+ * OpenTelemetry module.
+ *
+ * @returns `true` when `OTEL_DENO` is `true` or `1` (and may be read).
+ */
+export function denoExportsTelemetry(): boolean {
+  try {
+    return /^(true|1)$/i.test(Deno.env.get("OTEL_DENO") ?? "");
+  } catch {
+    return false; // no --allow-env
   }
 }
 

@@ -6,8 +6,17 @@
  */
 import type { LeaderLock } from "../../mod.ts";
 import type { ListenAddress } from "./_args.ts";
-import type { HolderInfo } from "./_campaign.ts";
 import { type MetricFamily, renderMetrics } from "./_metrics.ts";
+
+/** The session holding the lock, as a follower last saw it (or this process, while leading). */
+export interface HolderInfo {
+  /** The holder's backend pid. */
+  readonly pid: number;
+  /** Its identity, when this role may see it. */
+  readonly identity: string | undefined;
+  /** When this process first saw it hold the lock (or took the lock itself). */
+  readonly seenSince: Date;
+}
 
 /** What the endpoints read. */
 export interface HttpSource {

@@ -1,11 +1,20 @@
 /**
  * Prometheus metrics of one {@linkcode LeaderLock}, in the text exposition format (version 0.0.4).
+ * Names, types and help come from the metric catalog that OpenTelemetry uses too
+ * (`src/telemetry/catalog.ts`), and so do the gauges' readings; this module loads no
+ * OpenTelemetry code.
  *
  * @module
  */
 import type { LeaderLock } from "../../mod.ts";
-import type { LostReason } from "../../mod.ts";
-import { LOCK_STATES } from "../engine/state.ts";
+import {
+  LOCK_METRIC,
+  type LockGaugeId,
+  LOST_REASONS,
+  type MetricDescription,
+  readLockGauges,
+  TRANSITION_KINDS,
+} from "../telemetry/catalog.ts";
 
 /** One sample: a value and its labels. */
 export interface Sample {
@@ -27,24 +36,37 @@ export interface MetricFamily {
   readonly samples: readonly Sample[];
 }
 
-const TRANSITION_KINDS = ["acquired", "released", "lost"] as const;
-const LOST_REASONS: readonly LostReason[] = [
-  "session-ended",
-  "not-held",
-  "lease-expired",
-  "grace-expired",
-  "taken",
-];
+/**
+ * A family of the catalog's metric `spec`.
+ *
+ * @param spec The metric (a counter or a gauge).
+ * @param samples Its samples.
+ * @returns The family.
+ */
+function family(spec: MetricDescription, samples: readonly Sample[]): MetricFamily {
+  if (spec.instrument === "histogram") {
+    throw new TypeError(`Cannot print ${spec.name}: histograms are not printed on /metrics`);
+  }
+  return { name: spec.name, help: spec.description, type: spec.instrument, samples };
+}
+
+/** The ids of the lock's counters, in catalog order. */
+type CounterId = {
+  [K in keyof typeof LOCK_METRIC]: (typeof LOCK_METRIC)[K]["instrument"] extends "counter" ? K
+    : never;
+}[keyof typeof LOCK_METRIC];
 
 /** Counts a lock's events and renders its metrics. */
 export class LockMetrics {
   readonly #lock: LeaderLock;
   readonly #name: string | undefined;
-  readonly #transitions = new Map<string, number>(TRANSITION_KINDS.map((kind) => [kind, 0]));
-  readonly #losses = new Map<string, number>(LOST_REASONS.map((reason) => [reason, 0]));
-  #acquireFailures = 0;
-  #leaderChanges = 0;
-  #errors = 0;
+  readonly #counts: Record<CounterId, Map<string, number>> = {
+    transitions: new Map(TRANSITION_KINDS.map((kind) => [kind, 0])),
+    lost: new Map(LOST_REASONS.map((reason) => [reason, 0])),
+    acquireFailures: new Map([["", 0]]),
+    leaderChanges: new Map([["", 0]]),
+    errors: new Map([["", 0]]),
+  };
 
   /**
    * Starts counting the lock's events.
@@ -55,112 +77,64 @@ export class LockMetrics {
   constructor(lock: LeaderLock, name?: string) {
     this.#lock = lock;
     this.#name = name;
-    const count = (map: Map<string, number>, key: string) => map.set(key, (map.get(key) ?? 0) + 1);
-    lock.addEventListener("acquired", () => count(this.#transitions, "acquired"));
-    lock.addEventListener("released", () => count(this.#transitions, "released"));
+    const count = (id: CounterId, key = "") => {
+      const map = this.#counts[id];
+      map.set(key, (map.get(key) ?? 0) + 1);
+    };
+    lock.addEventListener("acquired", () => count("transitions", "acquired"));
+    lock.addEventListener("released", () => count("transitions", "released"));
     lock.addEventListener("lost", (e) => {
-      count(this.#transitions, "lost");
-      count(this.#losses, e.reason);
+      count("transitions", "lost");
+      count("lost", e.reason);
     });
-    lock.addEventListener("acquirefailed", () => this.#acquireFailures++);
-    lock.addEventListener("leaderchange", () => this.#leaderChanges++);
-    lock.addEventListener("error", () => this.#errors++);
+    lock.addEventListener("acquirefailed", () => count("acquireFailures"));
+    lock.addEventListener("leaderchange", () => count("leaderChanges"));
+    lock.addEventListener("error", () => count("errors"));
   }
 
   /**
-   * The lock's metric families, read now.
+   * The lock's metric families, read now, in catalog order (histograms are not printed).
    *
    * @returns The families.
    */
   families(): MetricFamily[] {
     const lock = this.#lock;
-    const rttMs = lock.lastCheckRttMs;
-    const ageMs = lock.lastCheckAgeMs;
-    const state = lock.state;
-    return [
-      {
-        name: "pgleaderlock_info",
-        help:
-          "The lock this process competes for (its name when named), and its identity (always 1).",
-        type: "gauge",
-        samples: [{
-          labels: {
-            ...(this.#name !== undefined ? { name: this.#name } : {}),
-            key1: String(lock.key1),
-            key2: String(lock.key2),
-            identity: lock.identity,
-          },
-          value: 1,
-        }],
-      },
-      {
-        name: "pgleaderlock_leader",
-        help: "1 while this process leads (holds the lock with a valid lease), else 0.",
-        type: "gauge",
-        samples: [{ value: lock.isLeader ? 1 : 0 }],
-      },
-      {
-        name: "pgleaderlock_state",
-        help: "1 for the state the lock is in, 0 for the others.",
-        type: "gauge",
-        samples: LOCK_STATES.map((s) => ({ labels: { state: s }, value: s === state ? 1 : 0 })),
-      },
-      {
-        name: "pgleaderlock_transitions_total",
-        help: "Leadership transitions by kind: acquired, released (on purpose), lost.",
-        type: "counter",
-        samples: [...this.#transitions].map(([kind, value]) => ({ labels: { kind }, value })),
-      },
-      {
-        name: "pgleaderlock_lost_total",
-        help: "Leadership losses by reason.",
-        type: "counter",
-        samples: [...this.#losses].map(([reason, value]) => ({ labels: { reason }, value })),
-      },
-      {
-        name: "pgleaderlock_acquire_failures_total",
-        help: "Attempts to take the lock that found it held by another session.",
-        type: "counter",
-        samples: [{ value: this.#acquireFailures }],
-      },
-      {
-        name: "pgleaderlock_leader_changes_total",
-        help: "Changes of the holder seen while following.",
-        type: "counter",
-        samples: [{ value: this.#leaderChanges }],
-      },
-      {
-        name: "pgleaderlock_errors_total",
-        help: "Errors reported by the lock (failed connection attempts, listener failures).",
-        type: "counter",
-        samples: [{ value: this.#errors }],
-      },
-      {
-        name: "pgleaderlock_fencing_token",
-        help: "The fencing token of the current term while leading, else 0.",
-        type: "gauge",
-        samples: [{ value: lock.fencingToken ?? 0 }],
-      },
-      {
-        name: "pgleaderlock_health_check_rtt_seconds",
-        help: "Round trip of the last successful ownership check (of the current term).",
-        type: "gauge",
-        samples: rttMs === undefined ? [] : [{ value: rttMs / 1000 }],
-      },
-      {
-        name: "pgleaderlock_last_check_age_seconds",
-        help: "Seconds since the last successful ownership check was sent (while leading).",
-        type: "gauge",
-        samples: ageMs === undefined ? [] : [{ value: ageMs / 1000 }],
-      },
-      {
-        name: "pgleaderlock_lease_remaining_seconds",
-        help:
-          "Seconds until the lease runs out without another successful check; 0 when not leading.",
-        type: "gauge",
-        samples: [{ value: lock.leaseRemainingMs / 1000 }],
-      },
-    ];
+    const gauges = readLockGauges(lock);
+    const families: MetricFamily[] = [];
+    for (
+      const [id, spec] of Object.entries(LOCK_METRIC) as [
+        keyof typeof LOCK_METRIC,
+        MetricDescription,
+      ][]
+    ) {
+      if (spec.instrument === "histogram") continue;
+      if (spec.instrument === "counter") {
+        const [label] = Object.keys(spec.attributes);
+        const samples = [...this.#counts[id as CounterId]].map(([key, value]) =>
+          label === undefined ? { value } : { labels: { [label]: key }, value }
+        );
+        families.push(family(spec, samples));
+        continue;
+      }
+      const points = gauges[id as LockGaugeId];
+      // The lock's identity is a label of the info gauge only (the scrape target names the rest).
+      const info = id === "info"
+        ? {
+          ...(this.#name !== undefined ? { name: this.#name } : {}),
+          key1: String(lock.key1),
+          key2: String(lock.key2),
+          identity: lock.identity,
+        }
+        : undefined;
+      families.push(family(
+        spec,
+        points.map((p) => ({
+          ...(info || p.attributes ? { labels: { ...info, ...p.attributes } } : {}),
+          value: p.value,
+        })),
+      ));
+    }
+    return families;
   }
 }
 

@@ -14,7 +14,7 @@ export type { AcquireMode, CommonConfig, LockConfig };
 import { MAX_DURATION_MS, sessionSettings } from "./protocol.ts";
 import { ExponentialBackoff, type RetryStrategy } from "./retry.ts";
 import { lockKeys } from "./lock_name.ts";
-import type { LeaderLockTelemetryOptions } from "../telemetry/telemetry.ts";
+import type { TelemetryOptions } from "./telemetry_options.ts";
 import {
   checkDurationMs,
   checkIdentity,
@@ -115,13 +115,15 @@ export interface LeaderLockOptions extends ConnectionOptions {
    */
   settleMs?: number;
   /**
-   * OpenTelemetry metrics and spans through `npm:@opentelemetry/api`: the global providers by
-   * default (a no-op until the application configures an SDK; Deno's built-in export picks them
-   * up), or the given ones; `false` turns it off.
+   * OpenTelemetry metrics and spans through `npm:@opentelemetry/api`: `true` records through the
+   * global providers (a no-op until the application configures an SDK; Deno's built-in export
+   * picks them up), an object through the given ones. Without it (or with `false`) no
+   * OpenTelemetry module is loaded. The recorder is loaded with a dynamic `import()` from the
+   * constructor on; `start()` waits for it, and a failure to load is an `error` event.
    *
-   * @default {{}} (the global providers)
+   * @default {false}
    */
-  telemetry?: LeaderLockTelemetryOptions | false;
+  telemetry?: TelemetryOptions | boolean;
 }
 
 const ACQUIRE_MODES: readonly AcquireMode[] = ["wait", "poll"];

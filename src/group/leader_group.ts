@@ -48,6 +48,7 @@ import {
 import { GroupMember, type MemberObserver, randomMemberId } from "./member.ts";
 import { memberSettings } from "./protocol.ts";
 import { checkShards } from "./shards.ts";
+import { checkTelemetry, type TelemetryOptions } from "../engine/telemetry_options.ts";
 
 /** The default of {@linkcode LeaderGroupOptions.drainMs}: LeaderLock's shutdown drain. */
 const DEFAULT_DRAIN_MS = 5000;
@@ -141,7 +142,15 @@ export interface LeaderGroupOptions extends ConnectionOptions {
    * @default {`${hostname}:${pid}`} (the DSN's application_name if it has one)
    */
   identity?: string;
-  // --- telemetry: the `telemetry` option is added here (same shape as LeaderLock's). ---
+  /**
+   * OpenTelemetry metrics through `npm:@opentelemetry/api` (the names of a LeaderLock's where they
+   * mean the same): `true` records through the global meter provider, an object through the
+   * given one. Without it (or with `false`) no OpenTelemetry module is loaded. `start()` waits for
+   * the recorder; a failure to load it is an `error` event.
+   *
+   * @default {false}
+   */
+  telemetry?: TelemetryOptions | boolean;
 }
 
 /** Options of {@linkcode LeaderGroup.shutdown}. */
@@ -246,6 +255,8 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
   readonly #drainMs: number;
   /** The current run (undefined before the first start()). */
   #run: Run | undefined;
+  /** Settles once the `telemetry` option's recorder listens (or failed to load): start() waits. */
+  #telemetry: Promise<void> | undefined;
   readonly #wrappers = new ListenerWrappers(
     this,
     (error, event) => this.#listenerFailed(error, event),
@@ -295,7 +306,23 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
     this.#handoverPollMs = handoverPollMs;
     this.#adoptAfterTicks = adoptAfterTicks;
     this.#drainMs = drainMs;
-    // --- telemetry: instrument the group here (options.telemetry), as LeaderLock does. ---
+    // Telemetry, the outer ring: loaded only when asked for (a literal specifier keeps the module
+    // graph of `deno compile`), reported as an `error` event when it cannot load.
+    const telemetry = checkTelemetry(WHERE, options.telemetry);
+    if (telemetry) {
+      this.#telemetry = import("../telemetry/group.ts")
+        .then((recorder) => recorder.instrumentLeaderGroup(this, telemetry))
+        .then(() => {}, (error: unknown) => {
+          this.dispatchEvent(
+            new GroupErrorEvent(
+              new PgLeaderLockError(
+                `Cannot load telemetry: ${error instanceof Error ? error.message : String(error)}`,
+                { cause: error },
+              ),
+            ),
+          );
+        });
+    }
   }
 
   /**
@@ -585,7 +612,8 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
     const onAbort = () => {
       this.shutdown().catch(() => {});
     };
-    const done = previous.then(async () => {
+    // After telemetry listens: it sees every event from the first on.
+    const done = Promise.all([previous, this.#telemetry]).then(async () => {
       signal?.addEventListener("abort", onAbort, { once: true });
       try {
         await member.run();

@@ -14,7 +14,7 @@ import {
   type LeaderLockEventMap,
   type StateChangeEvent,
 } from "./events.ts";
-import { instrumentLeaderLock, type LeaderLockTelemetryOptions } from "../telemetry/telemetry.ts";
+import { checkTelemetry, type LeaderLockTelemetryOptions } from "../engine/telemetry_options.ts";
 import type { Term } from "../engine/term.ts";
 import {
   type AcquireMode,
@@ -129,6 +129,8 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   #stopRequested = false;
   /** Whether lead() is running. */
   #leading = false;
+  /** Settles once the `telemetry` option's recorder listens (or failed to load): start() waits. */
+  #telemetry: Promise<void> | undefined;
   /** Listeners of `leaderchange`: followers read the holder after every window while any exist. */
   readonly #leaderChangeListeners = new Set<EventListener>();
   readonly #wrappers = new ListenerWrappers(
@@ -152,7 +154,23 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     this.key1 = this.#config.key1;
     this.key2 = this.#config.key2;
     this.identity = this.#config.identity;
-    if (options.telemetry !== false) instrumentLeaderLock(this, options.telemetry);
+    // Telemetry, the outer ring: loaded only when asked for (a literal specifier keeps the module
+    // graph of `deno compile`), reported as an `error` event when it cannot load.
+    const telemetry = checkTelemetry("Cannot create LeaderLock", options.telemetry);
+    if (telemetry) {
+      this.#telemetry = import("../telemetry/lock.ts")
+        .then((recorder) => recorder.instrumentLeaderLock(this, telemetry))
+        .then(() => {}, (error: unknown) => {
+          this.dispatchEvent(
+            new LeaderLockErrorEvent(
+              new PgLeaderLockError(
+                `Cannot load telemetry: ${error instanceof Error ? error.message : String(error)}`,
+                { cause: error },
+              ),
+            ),
+          );
+        });
+    }
   }
 
   /** The current state. */
@@ -215,7 +233,11 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     if (signal?.aborted) return Promise.reject(signal.reason);
     const current = this.#election;
     if (current && !this.#stopRequested && this.#run && !current.finished) return current.ready;
-    const previous = this.#run ?? Promise.resolve();
+    // After the previous run, and after telemetry listens: it sees every event from the first on.
+    const telemetry = this.#telemetry;
+    const previous = telemetry
+      ? Promise.all([this.#run, telemetry])
+      : this.#run ?? Promise.resolve();
     const election = new Election(this.#config, (event) => this.dispatchEvent(event));
     election.watchHolder = this.#leaderChangeListeners.size > 0;
     this.#election = election;

@@ -182,3 +182,48 @@ Deno.test("a named lock shows its name in /leader and in pgleaderlock_info", asy
   a.kill("SIGTERM");
   equal((await a.status).code, 0);
 });
+
+Deno.test("with OTEL_DENO=true, run exports the /metrics names over OTLP through Deno's providers", async () => {
+  await using pg = await startPostgres();
+  const names = new Set<string>();
+  const scopes = new Set<string>();
+  await using server = Deno.serve(
+    { hostname: "127.0.0.1", port: 0, onListen() {} },
+    async (req) => {
+      const body = await req.json() as {
+        resourceMetrics?: {
+          scopeMetrics?: { scope?: { name?: string }; metrics?: { name: string }[] }[];
+        }[];
+      };
+      for (const resource of body.resourceMetrics ?? []) {
+        for (const scope of resource.scopeMetrics ?? []) {
+          scopes.add(scope.scope?.name ?? "");
+          if (scope.scope?.name !== "pgleaderlock") continue;
+          for (const metric of scope.metrics ?? []) names.add(metric.name);
+        }
+      }
+      return new Response("{}", { headers: { "content-type": "application/json" } });
+    },
+  );
+  const keys = freshKeys();
+  await using a = cli(["run", "--json", ...keys.args, ...FAST, "--dsn", pg.dsn], {
+    env: {
+      OTEL_DENO: "true",
+      OTEL_EXPORTER_OTLP_PROTOCOL: "http/json",
+      OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${server.addr.port}`,
+      OTEL_METRIC_EXPORT_INTERVAL: "200",
+    },
+  });
+  await nextEvent(a, "acquired");
+  await eventually(
+    () => names.has("pgleaderlock_leader") || undefined,
+    "pgleaderlock_leader over OTLP",
+    10_000,
+  );
+  ok(scopes.has("pgleaderlock"), `scopes seen: ${[...scopes]}`);
+  for (const name of ["pgleaderlock_transitions_total", "pgleaderlock_lease_remaining_seconds"]) {
+    ok(names.has(name), name);
+  }
+  a.kill("SIGTERM");
+  equal((await a.status).code, 0);
+});

@@ -1,18 +1,6 @@
 import nodeAssert from "node:assert/strict";
 import { metrics, SpanStatusCode, trace } from "npm:@opentelemetry/api@^1.9.0";
-import {
-  AggregationTemporality,
-  DataPointType,
-  MeterProvider,
-  MetricReader,
-  type ResourceMetrics,
-} from "npm:@opentelemetry/sdk-metrics@^3.1.1";
-import {
-  InMemorySpanExporter,
-  type ReadableSpan,
-  SimpleSpanProcessor,
-  TracerProvider,
-} from "npm:@opentelemetry/sdk-trace@^3.1.1";
+import { AggregationTemporality } from "npm:@opentelemetry/sdk-metrics@^3.1.1";
 // Only the serializer's types: the package's index references Node's types, whose global Event
 // would clash with Deno's in this file's listeners.
 // @ts-types="npm:@opentelemetry/exporter-prometheus@^0.301.0/dist/PrometheusSerializer.d.mts"
@@ -26,102 +14,9 @@ import {
   instrumentLeaderLock,
   LOCK_METRICS,
   STEP_DOWN_SPAN,
-  TELEMETRY_SCOPE,
 } from "../../src/telemetry/telemetry.ts";
 import { fastOptions, freshKeys, shutdownAll, until, untilQueued } from "../_helpers.ts";
-
-/** A reader that collects only when asked: no timer. */
-class ManualReader extends MetricReader {
-  protected override onForceFlush(): Promise<void> {
-    return Promise.resolve();
-  }
-  protected override onShutdown(): Promise<void> {
-    return Promise.resolve();
-  }
-}
-
-/**
- * An SDK meter and tracer provider recording in memory. With `delta`, a collection holds only
- * what was recorded or observed since the previous one.
- */
-function sdk(temporality = AggregationTemporality.CUMULATIVE) {
-  const reader = new ManualReader({ aggregationTemporalitySelector: () => temporality });
-  const meterProvider = new MeterProvider({ readers: [reader] });
-  const spans = new InMemorySpanExporter();
-  const tracerProvider = new TracerProvider({
-    spanProcessors: [new SimpleSpanProcessor({ exporter: spans })],
-  });
-  return {
-    reader,
-    meterProvider,
-    tracerProvider,
-    async collect(): Promise<Collected> {
-      const { resourceMetrics, errors } = await reader.collect();
-      assertEquals(errors, []);
-      return new Collected(resourceMetrics);
-    },
-    async finishedSpans(): Promise<ReadableSpan[]> {
-      await tracerProvider.forceFlush();
-      return spans.getFinishedSpans();
-    },
-    async [Symbol.asyncDispose]() {
-      await meterProvider.shutdown();
-      await tracerProvider.shutdown();
-    },
-  };
-}
-
-/** One collection of metrics, searchable by name and attributes. */
-class Collected {
-  constructor(readonly resourceMetrics: ResourceMetrics) {}
-
-  #metric(name: string) {
-    for (const scope of this.resourceMetrics.scopeMetrics) {
-      if (scope.scope.name !== TELEMETRY_SCOPE) continue;
-      const metric = scope.metrics.find((m) => m.descriptor.name === name);
-      if (metric) return metric;
-    }
-    return undefined;
-  }
-
-  /** Data points of `name` whose attributes include `attributes`. */
-  points(name: string, attributes: Record<string, unknown>) {
-    const metric = this.#metric(name);
-    if (!metric) return [];
-    return (metric.dataPoints as { attributes: Record<string, unknown>; value: unknown }[])
-      .filter((p) => Object.entries(attributes).every(([k, v]) => p.attributes[k] === v));
-  }
-
-  /** The value of the one point of a counter or gauge that matches. */
-  value(name: string, attributes: Record<string, unknown>): number {
-    const points = this.points(name, attributes);
-    assertEquals(
-      points.length,
-      1,
-      `${name} ${JSON.stringify(attributes)}: ${points.length} points`,
-    );
-    return points[0]!.value as number;
-  }
-
-  /** The count and sum of the one histogram point that matches. */
-  histogram(name: string, attributes: Record<string, unknown>): { count: number; sum: number } {
-    const metric = this.#metric(name);
-    assertEquals(metric?.dataPointType, DataPointType.HISTOGRAM);
-    const points = this.points(name, attributes);
-    if (points.length === 0) return { count: 0, sum: 0 };
-    assertEquals(points.length, 1);
-    const { count, sum } = points[0]!.value as { count: number; sum: number };
-    return { count, sum: sum ?? 0 };
-  }
-}
-
-function spansOf(spans: ReadableSpan[], name: string, identity: string): ReadableSpan[] {
-  return spans.filter((s) => s.name === name && s.attributes["pgleaderlock.identity"] === identity);
-}
-
-function ms([seconds, nanos]: [number, number]): number {
-  return seconds * 1000 + nanos / 1e6;
-}
+import { ms, sdk, spansOf } from "./_sdk.ts";
 
 /** Family name -> [type, help] from Prometheus text. */
 function families(text: string): Map<string, [string, string]> {
@@ -143,7 +38,10 @@ Deno.test("instrumentLeaderLock records a handover between two locks in metrics 
   const a = new LeaderLock(fastOptions(pg, keys, { identity: "tel-a" }));
   const b = new LeaderLock(fastOptions(pg, keys, { identity: "tel-b" }));
   const providers = { meterProvider: otel.meterProvider, tracerProvider: otel.tracerProvider };
-  const telemetry = [instrumentLeaderLock(a, providers), instrumentLeaderLock(b, providers)];
+  const telemetry = [
+    await instrumentLeaderLock(a, providers),
+    await instrumentLeaderLock(b, providers),
+  ];
   const counts = (lock: LeaderLock) => {
     const seen = { acquired: 0, renewed: 0, acquirefailed: 0, leaderchange: 0, error: 0 };
     const tokens: bigint[] = [];
@@ -302,7 +200,7 @@ Deno.test("instrumentLeaderLock without an SDK records nothing and the lock stil
   const keys = freshKeys();
   const a = new LeaderLock(fastOptions(pg, keys, { identity: "noop-a" }));
   const b = new LeaderLock(fastOptions(pg, keys, { identity: "noop-b" }));
-  const telemetry = [instrumentLeaderLock(a), instrumentLeaderLock(b)];
+  const telemetry = [await instrumentLeaderLock(a), await instrumentLeaderLock(b)];
   const errors: unknown[] = [];
   for (const lock of [a, b]) lock.addEventListener("error", (e) => errors.push(e.error));
   try {
@@ -349,11 +247,11 @@ Deno.test("instrumentLeaderLock never throws into the lock when the SDK fails", 
   const errors: unknown[] = [];
   lock.addEventListener("error", (e) => errors.push(e.error));
   const telemetry = [
-    instrumentLeaderLock(lock, {
+    await instrumentLeaderLock(lock, {
       meterProvider: { getMeter: () => brokenMeter },
       tracerProvider: { getTracer: () => ({ startSpan: () => brokenSpan }) },
     }),
-    instrumentLeaderLock(lock, {
+    await instrumentLeaderLock(lock, {
       meterProvider: { getMeter: fail },
       tracerProvider: { getTracer: () => ({ startSpan: fail }) },
     }),
@@ -381,8 +279,8 @@ Deno.test("instrumentLeaderLock's dispose() removes the gauges, stops counting a
   const providers = { meterProvider: otel.meterProvider, tracerProvider: otel.tracerProvider };
   const attrsA = { identity: "dispose-a" };
   try {
-    const telemetryA = instrumentLeaderLock(a, providers);
-    const telemetryB = instrumentLeaderLock(b, providers);
+    const telemetryA = await instrumentLeaderLock(a, providers);
+    const telemetryB = await instrumentLeaderLock(b, providers);
     await a.start();
     assert(await a.waitForLeadership({ timeoutMs: 5000 }));
     await b.start();
@@ -412,27 +310,27 @@ Deno.test("instrumentLeaderLock's dispose() removes the gauges, stops counting a
   }
 });
 
-Deno.test("instrumentLeaderLock rejects what is not a lock or a provider", () => {
+Deno.test("instrumentLeaderLock rejects what is not a lock or a provider", async () => {
   const lock = new LeaderLock({ dsn: "postgres://u@127.0.0.1:1/db", key1: 1, key2: 2 });
-  nodeAssert.throws(
+  await nodeAssert.rejects(
     () => instrumentLeaderLock(null as unknown as LeaderLock),
     new TypeError(
       "Cannot instrument LeaderLock as 'lock' must be a LeaderLock: current value is null",
     ),
   );
-  nodeAssert.throws(
+  await nodeAssert.rejects(
     () => instrumentLeaderLock(lock, { meterProvider: {} as never }),
     new TypeError(
       "Cannot instrument LeaderLock as 'meterProvider' must have a getMeter method: current value is an object",
     ),
   );
-  nodeAssert.throws(
+  await nodeAssert.rejects(
     () => instrumentLeaderLock(lock, { tracerProvider: 3 as never }),
     new TypeError(
       "Cannot instrument LeaderLock as 'tracerProvider' must have a getTracer method: current value is 3",
     ),
   );
-  nodeAssert.throws(
+  await nodeAssert.rejects(
     () => instrumentLeaderLock(lock, { countLeaderChanges: "yes" as never }),
     new TypeError(
       "Cannot instrument LeaderLock as 'countLeaderChanges' must be a boolean: current value is \"yes\"",
@@ -460,8 +358,8 @@ Deno.test("an instrumented lock that is no longer referenced is collected and le
       script,
       `
 import { AggregationTemporality, MeterProvider, MetricReader } from "npm:@opentelemetry/sdk-metrics@^3.1.1";
-import { LeaderLock } from "${here("../mod.ts")}";
-import { instrumentLeaderLock } from "${here("../src/telemetry/telemetry.ts")}";
+import { LeaderLock } from "${here("../../mod.ts")}";
+import { instrumentLeaderLock } from "${here("../../src/telemetry/telemetry.ts")}";
 class Reader extends MetricReader {
   protected override onForceFlush() { return Promise.resolve(); }
   protected override onShutdown() { return Promise.resolve(); }
@@ -472,10 +370,10 @@ const leaderPoints = async () => (await reader.collect()).resourceMetrics.scopeM
   .flatMap((s) => s.metrics).filter((m) => m.descriptor.name === "pgleaderlock_leader")
   .flatMap((m) => m.dataPoints).length;
 let ref;
-(() => {
+await (async () => {
   const lock = new LeaderLock({ dsn: "postgres://u@127.0.0.1:1/db", key1: 1, key2: 2 });
   ref = new WeakRef(lock);
-  instrumentLeaderLock(lock, { meterProvider }); // never disposed
+  await instrumentLeaderLock(lock, { meterProvider }); // never disposed
 })();
 const before = await leaderPoints();
 for (let i = 0; i < 5 && ref.deref(); i++) {
@@ -517,7 +415,7 @@ Deno.test("instrumentLeaderLock labels every point with the lock's keys, identit
   });
   // The lock's optional name (being added to LeaderLock): read like any public property.
   Object.defineProperty(lock, "name", { value: "billing-cron" });
-  using _telemetry = instrumentLeaderLock(lock, { meterProvider: otel.meterProvider });
+  using _telemetry = await instrumentLeaderLock(lock, { meterProvider: otel.meterProvider });
   const m = await otel.collect();
   const labels = { key1: -5, key2: 9, identity: "named", name: "billing-cron" };
   assertEquals(m.value("pgleaderlock_leader", labels), 0);
