@@ -72,6 +72,10 @@ export class Campaign implements AsyncDisposable {
     this.name = settings.name;
     const { retryStrategy } = settings.options;
     const retry = retryStrategy === undefined ? undefined : new LoggedRetry(retryStrategy, logger);
+    // The library loads the API by a specifier in a variable (nothing is fetched for users who
+    // never enable telemetry); naming it literally here puts it in the CLI's module graph, which
+    // `deno compile` embeds. A failure is the lock's `error` event, when it loads the same module.
+    if (denoExportsTelemetry()) import("npm:@opentelemetry/api@^1.9.0").catch(() => {});
     try {
       this.lock = new LeaderLock({
         ...settings.options,

@@ -1,6 +1,9 @@
 /**
- * The OpenTelemetry API, loaded on first use with a dynamic `import()` (a literal specifier, so
- * that `deno compile` and `deno info` still see it), and what the lock's and the group's
+ * The OpenTelemetry API, loaded on first use with a dynamic `import()` of a specifier held in a
+ * variable ({@linkcode OTEL_API}): `deno run` fetches a literal dynamic import's package up front,
+ * so a literal specifier would download the package for every user, telemetry or not. The CLI
+ * names the same specifier literally (src/cli/_campaign.ts), so `deno compile` still embeds it.
+ * Also what the lock's and the group's
  * recorders share: instruments made from the catalog, the no-op meter check, guarded callbacks.
  *
  * @module
@@ -21,6 +24,9 @@ import { describe } from "../engine/_checks.ts";
 /** The OpenTelemetry API module. */
 export type OtelApi = typeof import("npm:@opentelemetry/api@^1.9.0");
 
+/** The OpenTelemetry API's specifier (see the module doc for why it is not written inline). */
+export const OTEL_API = "npm:@opentelemetry/api@^1.9.0";
+
 let loading: Promise<OtelApi> | undefined;
 
 /**
@@ -31,7 +37,7 @@ let loading: Promise<OtelApi> | undefined;
  * a later call tries again.
  */
 export function loadOtelApi(): Promise<OtelApi> {
-  loading ??= import("npm:@opentelemetry/api@^1.9.0").catch((error) => {
+  loading ??= (import(OTEL_API) as Promise<OtelApi>).catch((error) => {
     loading = undefined;
     throw error;
   });
