@@ -229,8 +229,9 @@ Deno.test({
       await t.step(
         "a failover after SIGKILL of the primary's Patroni and postmaster: a candidate leads on the promoted replica",
         async () => {
-          // Asynchronous replication: a failover before the replica has the primary's last WAL
-          // loses it (see the report of this test's commit), which is not what this step is about.
+          // A failover before the replica has the primary's last WAL loses that WAL, and right
+          // after a switchover it reuses a timeline number and repeats a fencing token
+          // (docs/deployments.md): not what this step is about.
           await cluster.waitForReplication();
           const t0 = performance.now();
           const killed = await cluster.killPrimary();
