@@ -71,6 +71,15 @@ export interface StartPatroniOptions {
    */
   checkIntervalMs?: number;
   /**
+   * HAProxy's `retries`: how often it retries a connection to the server it picked when the
+   * connection is refused or times out, about a second apart. Right after a switchover that
+   * server is the old primary, still marked up until its next check: with 3 a client's connect
+   * attempt failed only after about 3 s, with 0 at once.
+   *
+   * @default {3 (HAProxy's default)}
+   */
+  haproxyRetries?: number;
+  /**
    * The directory of the PostgreSQL binaries (Patroni also needs `pg_ctl`, `pg_basebackup`,
    * `pg_rewind`).
    *
@@ -328,8 +337,8 @@ function sleep(ms: number): Promise<void> {
  * console.log(`${from.name} -> ${to.name}, routed after ${routedMs} ms`);
  * ```
  *
- * @param options The number of nodes, the DCS timings, HAProxy's check interval, the binaries,
- * extra PostgreSQL settings, the password and a timeout.
+ * @param options The number of nodes, the DCS timings, HAProxy's check interval and retries, the
+ * binaries, extra PostgreSQL settings, the password and a timeout.
  * @returns The running cluster.
  * @throws {RangeError} When a timing or `nodes` is out of range.
  * @throws {TypeError} When `password` is not a non-empty string.
@@ -343,6 +352,7 @@ export async function startPatroni(options: StartPatroniOptions = {}): Promise<T
     loopWaitMs = 1_000,
     retryTimeoutMs = 3_000,
     checkIntervalMs = 500,
+    haproxyRetries = 3,
     settings = {},
     password = randomHex(16),
     timeoutMs = 90_000,
@@ -365,6 +375,11 @@ export async function startPatroni(options: StartPatroniOptions = {}): Promise<T
   if (!Number.isInteger(checkIntervalMs) || checkIntervalMs < 100) {
     throw new RangeError(
       `Cannot start Patroni as 'checkIntervalMs' must be an integer >= 100: current value is ${checkIntervalMs}`,
+    );
+  }
+  if (!Number.isInteger(haproxyRetries) || haproxyRetries < 0) {
+    throw new RangeError(
+      `Cannot start Patroni as 'haproxyRetries' must be an integer >= 0: current value is ${haproxyRetries}`,
     );
   }
   if (!Number.isFinite(timeoutMs) || timeoutMs <= 0) {
@@ -403,6 +418,7 @@ export async function startPatroni(options: StartPatroniOptions = {}): Promise<T
     baseDir,
     nodes,
     timings: { ttlMs, loopWaitMs, retryTimeoutMs, checkIntervalMs },
+    haproxyRetries,
     settings,
     password,
   });
@@ -511,6 +527,7 @@ interface ClusterConfig {
   baseDir: string;
   nodes: number;
   timings: TestPatroni["timings"];
+  haproxyRetries: number;
   settings: Record<string, string | number | boolean>;
   password: string;
 }
@@ -782,6 +799,7 @@ class PatroniCluster implements TestPatroni {
       "defaults",
       "  mode tcp",
       "  timeout connect 2s",
+      `  retries ${this.#config.haproxyRetries}`,
       // Candidates' sessions sit idle between health checks: no idle timeout worth the name.
       "  timeout client 1h",
       "  timeout server 1h",

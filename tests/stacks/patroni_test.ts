@@ -38,6 +38,8 @@ const TIMINGS: Partial<CandidateConfig> = {
   healthIntervalMs: 1_000,
   retry: { kind: "fixed", intervalMs: 250 },
 };
+/** HAProxy's `retries` (PGLEADERLOCK_PATRONI_HAPROXY_RETRIES overrides; 0 leads sooner after a switchover). */
+const HAPROXY_RETRIES = Number(Deno.env.get("PGLEADERLOCK_PATRONI_HAPROXY_RETRIES") ?? 3);
 const CANDIDATE = new URL("../../src/testing/candidate.ts", import.meta.url);
 const TMP = Deno.env.get("TMPDIR") ?? "/tmp";
 
@@ -101,6 +103,7 @@ Deno.test({
       ttlMs: TTL_MS,
       loopWaitMs: LOOP_WAIT_MS,
       retryTimeoutMs: RETRY_TIMEOUT_MS,
+      haproxyRetries: HAPROXY_RETRIES,
     });
     const baseDir = dirname(dirname(cluster.nodes[0]!.dataDir));
     const keys = { key1: 7200, key2: Math.floor(Math.random() * 2 ** 31) };
@@ -311,6 +314,7 @@ Deno.test("startPatroni() refuses timings Patroni cannot run with, naming the va
       /'ttlMs' must be at least loopWaitMs \+ 2 \* retryTimeoutMs \(7000\): current value is 6000/,
     ],
     [{ checkIntervalMs: 50 }, /'checkIntervalMs' must be an integer >= 100: current value is 50/],
+    [{ haproxyRetries: -1 }, /'haproxyRetries' must be an integer >= 0: current value is -1/],
   ];
   for (const [options, message] of cases) {
     const error = await startPatroni(options).then(() => undefined, (e) => e);
