@@ -30,7 +30,7 @@ fi
   echo "pgpool2: apt-get install pgpool2 failed" >&2
 [ "$made_policy" = 1 ] && rm -f "$policy"
 if found; then
-  echo "pgpool2: installed $(/usr/sbin/pgpool --version 2>/dev/null | head -n 1)"
+  echo "pgpool2: installed $(/usr/sbin/pgpool --version 2>&1 | head -n 1)"
 else
   echo "pgpool2: still not installed; the pgpool tests will be skipped" >&2
 fi

@@ -35,13 +35,24 @@ export interface StartPgpoolOptions {
    */
   functionList?: PgpoolFunctionList;
   /**
-   * pgpool's `failover_on_backend_error`: whether an error on a backend's connection (a
-   * terminated backend) makes pgpool detach that node, even a healthy primary, and restart every
-   * child (ending every client's session).
+   * pgpool's `failover_on_backend_error`: whether a read or write error on a backend's
+   * connection makes pgpool detach that node and restart every child (ending every client's
+   * session).
    *
    * @default {true, pgpool's own default}
    */
   failoverOnBackendError?: boolean;
+  /**
+   * pgpool's `failover_on_backend_shutdown`: whether a backend that says its server is shutting
+   * down (SQLSTATE 57P01, which `pg_terminate_backend()` of one session sends too) makes pgpool
+   * detach that node. On, one `pg_terminate_backend()` of a leader's session detaches a healthy
+   * primary: pgpool then finds no primary and refuses writes until it is restarted with `-D` or
+   * the node is attached again (measured with pgpool 4.3.5, whose built-in value is on although
+   * its documentation says off).
+   *
+   * @default {true, what pgpool 4.3.5 does when pgpool.conf does not set it}
+   */
+  failoverOnBackendShutdown?: boolean;
   /**
    * Where load-balanced reads go: `"standby"` (the primary's `backend_weight` is 0, so every
    * client's reads go to the standby, and a statement routed there is always seen there) or
@@ -128,8 +139,8 @@ export async function findPgpool(): Promise<string | undefined> {
  *
  * @param primary The primary, running.
  * @param standby Its standby, streaming from it.
- * @param options Function lists, `failover_on_backend_error`, where reads go, the executable,
- * extra settings.
+ * @param options Function lists, `failover_on_backend_error` and `failover_on_backend_shutdown`,
+ * where reads go, the executable, extra settings.
  * @returns The running pgpool.
  * @throws {RangeError} When `functionList` or `readsTo` is not one of the values above.
  * @throws {Error} When pgpool-II is not installed or does not start (with its log's tail).
@@ -142,6 +153,7 @@ export async function startPgpool(
   const {
     functionList = "default",
     failoverOnBackendError = true,
+    failoverOnBackendShutdown = true,
     readsTo = "standby",
     settings = {},
   } = options;
@@ -164,7 +176,8 @@ export async function startPgpool(
   const user = await serviceUser();
   const dir = await Deno.realPath(await Deno.makeTempDir({ prefix: "pgleaderlock-pgpool-" }));
   // pgpool 4.4 renamed socket_dir and pcp_socket_dir.
-  const version = /(\d+)\.(\d+)/.exec((await run(binary, ["--version"])).stdout + "");
+  const printed = await run(binary, ["--version"]);
+  const version = /(\d+)\.(\d+)/.exec(printed.stdout + printed.stderr);
   const renamed = version !== null &&
     (Number(version[1]) > 4 || (Number(version[1]) === 4 && Number(version[2]) >= 4));
   for (let attempt = 1;; attempt++) {
@@ -177,7 +190,7 @@ export async function startPgpool(
       [renamed ? "unix_socket_directories" : "socket_dir"]: dir,
       pcp_listen_addresses: "",
       pcp_port: pcpPort,
-      [renamed ? "pcp_socket_dir" : "pcp_socket_dir"]: dir,
+      [renamed ? "pcp_unix_socket_directories" : "pcp_socket_dir"]: dir,
       pid_file_name: join(dir, "pgpool.pid"),
       logdir: dir,
       backend_hostname0: primary.socketDir,
@@ -199,6 +212,7 @@ export async function startPgpool(
       write_function_list: functionList === "legacy" ? "nextval,setval" : "",
       read_only_function_list: "",
       failover_on_backend_error: failoverOnBackendError,
+      failover_on_backend_shutdown: failoverOnBackendShutdown,
       sr_check_period: 1,
       sr_check_user: "postgres",
       sr_check_database: "postgres",
