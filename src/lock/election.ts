@@ -415,7 +415,7 @@ export class Election {
     const sentAt = this.#clock();
     const result = await this.#statement((s) => this.#statements.acquire(s, options));
     if (result === ABORTED) return DONE;
-    if (result.readOnly) throw this.#readOnlyError();
+    if (result.readOnly) return await this.#readOnlyLockStatement();
     this.#connectSeries.reset();
     if (result.held) return await this.#becomeLeader(result, sentAt, false);
     const events: Event[] = [new AcquireFailedEvent(++this.#attempts)];
@@ -987,6 +987,16 @@ export class Election {
       `Cannot elect a leader on ${this.#config.connector.target}: the session is on a standby or read-only server, where no lock is taken and no leader can take a fencing token (a router or a lagging health check sent it there, or the DSN names a demoted host); retrying under the retry strategy. Connect to the primary: list the cluster's hosts with target_session_attrs=read-write in the DSN; behind pgpool-II, leave write_function_list and read_only_function_list empty`,
       { code: "25006" },
     );
+  }
+  /**
+   * The lock statement found a standby although set-up found a primary (a router that sends
+   * statements to different servers): the session is closed, then one error event and a paced
+   * retry, as for a session set-up refused.
+   */
+  async #readOnlyLockStatement(): Promise<Phase> {
+    this.#destroySession();
+    this.#setState("follower");
+    return (await this.#pace(this.#readOnlyError())) ? CONNECT : DONE;
   }
   // --- end of unfit sessions ----------------------------------------------------------------
 

@@ -4,6 +4,12 @@
  * competing until they reach the primary.
  */
 import { assert, assertEquals } from "../_assert.ts";
+import { ConnectionError } from "../../mod.ts";
+import { FixedInterval } from "../../src/engine/retry.ts";
+import type { LockSession, Row } from "../../src/engine/session.ts";
+import { Election } from "../../src/lock/election.ts";
+import { AcquiredEvent, LeaderLockErrorEvent } from "../../src/lock/events.ts";
+import { testConfig } from "../_config.ts";
 import { LockStatements } from "../../src/engine/protocol.ts";
 import { type PgClient, PgSession } from "../../src/pg/pg_session.ts";
 import { PgClient as KitClient } from "../../src/testing/_pg.ts";
@@ -133,4 +139,85 @@ Deno.test("Candidates whose reconnects land on a standby keep competing, with pa
   });
   const violations = [...report.violations, ...report.serverViolations, ...left];
   assert(violations.length === 0, formatViolations(violations));
+});
+
+/** A session of a fake server: answers by statement name, as `answer` says. */
+function fakeSession(answer: (name: string) => Row[]): LockSession {
+  let ended = false;
+  let end!: (error: unknown) => void;
+  const session: LockSession = {
+    backendPid: 42,
+    get isEnded() {
+      return ended;
+    },
+    ended: new Promise((resolve) => end = resolve),
+    query: (statement) => {
+      if (ended) return Promise.reject(new Error("Client has encountered a connection error"));
+      return Promise.resolve(answer(typeof statement === "string" ? statement : statement.name));
+    },
+    end: () => Promise.resolve(session.destroy()),
+    destroy: () => {
+      if (!ended) end(undefined);
+      ended = true;
+    },
+  };
+  return session;
+}
+
+Deno.test("A lock statement that lands on a standby behind a session set up on the primary (a router splitting statements) is an error event and a paced retry, not a stop", async () => {
+  // Set-up answers from a primary; the lock statement from a standby, until the router is fixed.
+  let routedToStandby = true;
+  let connects = 0;
+  let token = 100n;
+  const answer = (name: string): Row[] => {
+    if (name === "set_up") return [{ version: 150000, pid: 42, standby: false, read_only: false }];
+    if (name === "try_lock" || name === "wait_lock") {
+      return routedToStandby
+        ? [{ ok: false, read_only: true }]
+        : [{ ok: true, token: String(++token), read_only: false }];
+    }
+    if (name === "renew") return [{ held: true }];
+    if (name === "unlock") return [{ ok: true, still_held: false }];
+    throw new Error(`unexpected statement ${name}`);
+  };
+  const errors: LeaderLockErrorEvent[] = [];
+  let acquired = 0;
+  const election = new Election(
+    testConfig({
+      connect: () => {
+        connects++;
+        return Promise.resolve(fakeSession(answer));
+      },
+      retryStrategy: new FixedInterval({ intervalMs: 40 }),
+    }),
+    (event) => {
+      if (event instanceof LeaderLockErrorEvent) errors.push(event);
+      if (event instanceof AcquiredEvent) acquired++;
+    },
+  );
+  const running = election.run();
+  try {
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    assert(election.state !== "stopped", "the candidate keeps competing");
+    assertEquals(acquired, 0);
+    assert(errors.length >= 3, `${errors.length} error events`);
+    for (const { error } of errors) {
+      assert(error instanceof ConnectionError && !error.permanent, String(error));
+      assertEquals(error.code, "25006");
+      assert(/standby/.test(error.message) && /target_session_attrs/.test(error.message));
+    }
+    // Paced: about one session per retry interval (40 ms), not a spin.
+    assert(connects >= 3 && connects <= 400 / 40 + 2, `${connects} sessions in 400 ms`);
+    // One event per failed session, each announcing its retry.
+    assertEquals(errors.map((e) => e.retryInMs), errors.map(() => 40));
+    routedToStandby = false;
+    const until = performance.now() + 2000;
+    while (acquired === 0 && performance.now() < until) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+    }
+    assertEquals(acquired, 1, "leads once the lock statement reaches the primary");
+  } finally {
+    await election.stop(1000);
+    await running;
+  }
 });
