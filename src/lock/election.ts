@@ -988,6 +988,7 @@ export class Election {
       { code: "25006" },
     );
   }
+
   /**
    * The lock statement found a standby although set-up found a primary (a router that sends
    * statements to different servers): the session is closed, then one error event and a paced
