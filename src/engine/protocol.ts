@@ -131,6 +131,12 @@ export const SET_UP: Statement = {
  * arms the acknowledgement window and looks for a handover; when not, it reads who holds the lock.
  * The outer columns are evaluated after the subquery's row, that is after the grant.
  *
+ * Before anything is taken, the same statement asks whether the server is a standby
+ * (`pg_is_in_recovery()`) or the session read-only: then it takes nothing and says so
+ * (`read_only`). One statement, so that no router can send the check to one server and the lock
+ * to another; a standby grants advisory locks too, and a lock taken there before the token
+ * failed ("cannot assign TransactionIds during recovery") would stay there.
+ *
  * The fencing token: the server's timeline in the high bits and the transaction id (xid8, strictly
  * increasing across the cluster) in the low 40. The timeline grows when a standby is promoted, so
  * tokens keep increasing across a failover. The logical message makes the transaction's commit
@@ -168,8 +174,10 @@ export const TRY_LOCK: Statement = {
               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
             OPERATOR(pg_catalog.*) 1000
        END AS waited_ms,
+       s.read_only,
        h.pid AS holder_pid, h.application_name AS holder_identity
-  FROM (SELECT CASE
+  FROM (SELECT r.read_only, CASE
+          WHEN r.read_only THEN false
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
              WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -180,7 +188,10 @@ export const TRY_LOCK: Statement = {
                AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
-        END AS ok) s
+        END AS ok
+          FROM (SELECT pg_catalog.pg_is_in_recovery()
+                    OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+                    AS read_only) r) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
       FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
@@ -196,7 +207,8 @@ export const TRY_LOCK: Statement = {
 /**
  * Waits in PostgreSQL's lock queue for at most the session's `lock_timeout` (one wait window):
  * rejects with SQLSTATE 55P03 when the window passes. When granted, it does what
- * {@linkcode TRY_LOCK} does. Because a grant can race the timeout, the statement first asks
+ * {@linkcode TRY_LOCK} does, and, like it, takes nothing on a standby or read-only session.
+ * Because a grant can race the timeout, the statement first asks
  * whether this session already holds the lock (CASE keeps the order: a session must never take
  * the lock twice), so the next window's statement finds such a grant
  * (madelson/DistributedLock#147).
@@ -232,8 +244,10 @@ export const WAIT_LOCK: Statement = {
               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
             OPERATOR(pg_catalog.*) 1000
        END AS waited_ms,
+       s.read_only,
        h.pid AS holder_pid, h.application_name AS holder_identity
-  FROM (SELECT CASE
+  FROM (SELECT r.read_only, CASE
+          WHEN r.read_only THEN false
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
              WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -244,7 +258,10 @@ export const WAIT_LOCK: Statement = {
                AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) IS NOT NULL
-        END AS ok) s
+        END AS ok
+          FROM (SELECT pg_catalog.pg_is_in_recovery()
+                    OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+                    AS read_only) r) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
       FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
@@ -258,13 +275,14 @@ export const WAIT_LOCK: Statement = {
 };
 
 /**
- * The leader's ownership check: whether this session still holds the lock, re-arming the
- * server-side lease (`$3`) in the same round trip. The first one after a grant is the
- * acknowledgement that replaces the short grant window with the full lease.
+ * The leader's ownership check: whether this session still holds the lock, on a primary (a lock
+ * held on a standby is no leader's), re-arming the server-side lease (`$3`) in the same round
+ * trip. The first one after a grant is the acknowledgement that replaces the short grant window
+ * with the full lease.
  */
 export const RENEW: Statement = {
   name: "renew",
-  text: `SELECT EXISTS (
+  text: `SELECT NOT pg_catalog.pg_is_in_recovery() AND EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
           WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
             AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
@@ -418,6 +436,11 @@ export interface Acquisition {
   /** When held: whether the previous holder, of this role, released it on purpose just before. */
   readonly handedOver: boolean;
   /**
+   * The server is a standby (or the session read-only): nothing was taken, and no leader can
+   * take a token there.
+   */
+  readonly readOnly: boolean;
+  /**
    * When held: how long the statement ran on the server before the grant (0 for an immediate
    * grant). The send time plus this is never later than the grant, whatever the network delay:
    * the client counts the grant's window from there.
@@ -530,6 +553,7 @@ export class LockStatements {
         ? { pid, identity: typeof identity === "string" ? identity : undefined }
         : undefined,
       handedOver: held && row?.handed_over === true,
+      readOnly: row?.read_only === true,
       waitedMs: Math.max(0, Number(row?.waited_ms ?? 0) || 0),
     };
   }

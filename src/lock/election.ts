@@ -415,6 +415,7 @@ export class Election {
     const sentAt = this.#clock();
     const result = await this.#statement((s) => this.#statements.acquire(s, options));
     if (result === ABORTED) return DONE;
+    if (result.readOnly) return await this.#readOnlyLockStatement();
     this.#connectSeries.reset();
     if (result.held) return await this.#becomeLeader(result, sentAt, false);
     const events: Event[] = [new AcquireFailedEvent(++this.#attempts)];
@@ -664,6 +665,7 @@ export class Election {
           this.#statements.acquire(s, { wait: false, marked: false })
         );
         if (result === ABORTED) break;
+        if (result.readOnly) throw this.#readOnlyError();
         this.#connectSeries.reset();
         if (result.held) return await this.#becomeLeader(result, sentAt, true);
         const next = this.#afterTerm(new LostEvent("taken", phase.token, phase.error), "acquiring");
@@ -955,7 +957,12 @@ export class Election {
     }
   }
 
-  /** A server that cannot hold a leader is a permanent error, at once. */
+  // --- unfit sessions (issue 18: pgpool-II and standbys) ------------------------------------
+
+  /**
+   * A server that cannot hold a leader: one older than PostgreSQL 14 is a permanent error, at
+   * once; a standby or read-only session is a transient one (see {@linkcode #readOnlyError}).
+   */
   #refuseUnfit(facts: SessionFacts): void {
     const { target } = this.#config.connector;
     if (facts.serverVersion < MIN_SERVER_VERSION) {
@@ -966,13 +973,33 @@ export class Election {
         { permanent: true },
       );
     }
-    if (facts.readOnly) {
-      throw new ConnectionError(
-        `Cannot elect a leader on ${target}: the server is a standby or read-only, where no leader can take a fencing token. Connect to the primary: list the cluster's hosts with target_session_attrs=read-write in the DSN`,
-        { permanent: true },
-      );
-    }
+    if (facts.readOnly) throw this.#readOnlyError();
   }
+
+  /**
+   * The session is on a standby or read-only (set-up or the lock statement said so; the lock
+   * statement then took nothing). Transient, retried under the retry strategy: a router, a health
+   * check that lags a switchover, or a DSN host that was demoted may send the next session to the
+   * primary.
+   */
+  #readOnlyError(): ConnectionError {
+    return new ConnectionError(
+      `Cannot elect a leader on ${this.#config.connector.target}: the session is on a standby or read-only server, where no lock is taken and no leader can take a fencing token (a router or a lagging health check sent it there, or the DSN names a demoted host); retrying under the retry strategy. Connect to the primary: list the cluster's hosts with target_session_attrs=read-write in the DSN; behind pgpool-II, leave write_function_list and read_only_function_list empty`,
+      { code: "25006" },
+    );
+  }
+
+  /**
+   * The lock statement found a standby although set-up found a primary (a router that sends
+   * statements to different servers): the session is closed, then one error event and a paced
+   * retry, as for a session set-up refused.
+   */
+  async #readOnlyLockStatement(): Promise<Phase> {
+    this.#destroySession();
+    this.#setState("follower");
+    return (await this.#pace(this.#readOnlyError())) ? CONNECT : DONE;
+  }
+  // --- end of unfit sessions ----------------------------------------------------------------
 
   async #closeSession(polite: boolean): Promise<void> {
     const session = this.#session;

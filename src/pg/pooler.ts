@@ -35,6 +35,15 @@
  *   with its nonce: a pid is reused only after its process ended, and ours was alive before and
  *   after, so the probe shared our backend.
  *
+ * Routers are not poolers. pgpool-II in streaming-replication mode keeps one server session per
+ * server for each client for its whole life, and sends each statement to the primary or
+ * load-balances it to a standby by what it reads and calls. So every statement of the probe reads
+ * a system catalog, as the lock's statements do (`pg_catalog.pg_locks`), which pgpool always
+ * sends to the primary: the probe looks at the server session that takes and holds the lock.
+ * And every look says which server answered (postmaster start time and port): pids and marks
+ * are compared only between answers of one server, so a statement that a router sent to another
+ * server is never taken for a move between server sessions.
+ *
  * A backend pid seen twice is no evidence on its own: after a server or container restart a new
  * backend can get the pid of our dead one. So every other outcome of the probe (a connection
  * reset or refused, a backend terminated with 57P01, a server shutting down or starting up
@@ -98,17 +107,40 @@ const PROBE_END_TIMEOUT_MS = 1000;
 /** The default of {@linkcode AssertSessionPinnedOptions.timeoutMs}. */
 const DEFAULT_PROBE_TIMEOUT_MS = 10_000;
 
+/**
+ * Which server answered: its postmaster's start time and port. Two servers (a primary and its
+ * standby behind a router) differ; the server sessions of one server, which a pooler hands
+ * around, share it.
+ */
+const SERVER = `pg_catalog.pg_postmaster_start_time()::pg_catalog.text OPERATOR(pg_catalog.||) ' '
+          OPERATOR(pg_catalog.||) pg_catalog.current_setting('port') AS server`;
+
+/**
+ * Every look reads a system catalog, as the lock's own statements do (they read
+ * `pg_catalog.pg_locks`): a router that routes statements by what they read (pgpool-II sends
+ * any statement that reads a system catalog to the primary, whatever its function lists say)
+ * sends the looks to the server session that takes and holds the lock, not to a standby.
+ */
+const ON_CATALOG = `FROM pg_catalog.pg_database d
+ WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()`;
+
 /** The first statement: what the server sees of the connection, and the nonce. */
 const FIRST_LOOK = `SELECT pg_catalog.current_setting('port')::pg_catalog.int4 AS port,
         pg_catalog.inet_client_port() AS client_port,
         pg_catalog.inet_client_addr() IS NULL AS unix_client,
         pg_catalog.pg_backend_pid() AS pid,
-        pg_catalog.set_config('${PIN_SETTING}', $1::pg_catalog.text, false) AS nonce`;
+        ${SERVER},
+        pg_catalog.set_config('${PIN_SETTING}', $1::pg_catalog.text, false) AS nonce
+  ${ON_CATALOG}`;
 
 const LOOK_AGAIN = `SELECT pg_catalog.pg_backend_pid() AS pid,
-        pg_catalog.current_setting('${PIN_SETTING}', true) AS nonce`;
+        ${SERVER},
+        pg_catalog.current_setting('${PIN_SETTING}', true) AS nonce
+  ${ON_CATALOG}`;
 
-const HELD_PID = "SELECT pg_catalog.pg_backend_pid() AS pid";
+const HELD_PID = `SELECT pg_catalog.pg_backend_pid() AS pid
+     , ${SERVER}
+  ${ON_CATALOG}`;
 
 /**
  * What PgBouncer answers to `BEGIN` in statement pooling ("transaction blocks not allowed in
@@ -154,6 +186,11 @@ export interface PinLook {
   readonly pid: number;
   /** The setting's value, `null` when the server session has none. */
   readonly nonce: string | null;
+  /**
+   * Which server answered (its postmaster's start time and port); absent when not known, which
+   * counts as the same server.
+   */
+  readonly server?: string;
 }
 
 /**
@@ -167,6 +204,8 @@ export interface ProbeObservations {
   readonly probeSeen?: PinLook;
   /** The probe's backend pid inside its transaction. */
   readonly probeHeldPid?: number;
+  /** Which server answered the probe inside its transaction; see {@linkcode PinLook.server}. */
+  readonly probeHeldServer?: string;
   /** What our session saw when asked again, after the probe. */
   readonly sessionAgain?: PinLook;
   /** The step that failed, and how; absent when every step ran. */
@@ -186,6 +225,9 @@ export type PinningVerdict =
  * Decides from what the probe saw whether the session is pinned to one server connection, and
  * refuses only on positive evidence (see the module documentation): a pid seen twice is evidence
  * only while our session demonstrably stayed on it, and a failed step is not evidence at all.
+ * Pids and marks are compared only between answers of one server: a router that sends a
+ * statement to another server (pgpool-II load-balancing a read to a standby) moves no server
+ * session between clients, and what another server says is no evidence about ours.
  *
  * @example A probe that saw our backend pid, then lost our session (a restart reused the pid)
  * ```ts
@@ -205,7 +247,9 @@ export type PinningVerdict =
  * @returns `not-pinned` with the evidence, `pinned`, or `unknown` with the failed step.
  */
 export function judgeProbe(observations: ProbeObservations): PinningVerdict {
-  const { session, probeSeen, probeHeldPid, sessionAgain, failure } = observations;
+  const { session, probeSeen, probeHeldPid, probeHeldServer, sessionAgain, failure } = observations;
+  const sameServer = (server: string | undefined) =>
+    server === undefined || session.server === undefined || server === session.server;
   if (probeSeen !== undefined && probeSeen.nonce === session.nonce) {
     return {
       kind: "not-pinned",
@@ -219,7 +263,7 @@ export function judgeProbe(observations: ProbeObservations): PinningVerdict {
       evidence: `a transaction block was refused (${errorText(failure.error)}): statement pooling`,
     };
   }
-  if (sessionAgain !== undefined) {
+  if (sessionAgain !== undefined && sameServer(sessionAgain.server)) {
     if (sessionAgain.pid !== session.pid || sessionAgain.nonce !== session.nonce) {
       return {
         kind: "not-pinned",
@@ -229,7 +273,10 @@ export function judgeProbe(observations: ProbeObservations): PinningVerdict {
           }): transaction pooling`,
       };
     }
-    if (probeSeen?.pid === session.pid || probeHeldPid === session.pid) {
+    if (
+      (probeSeen?.pid === session.pid && sameServer(probeSeen.server)) ||
+      (probeHeldPid === session.pid && sameServer(probeHeldServer))
+    ) {
       return {
         kind: "not-pinned",
         evidence: `another connection was served by this session's backend (pid ${session.pid}) ` +
@@ -291,7 +338,11 @@ export async function assertSessionPinned(
   if (first === undefined) return;
   const suspicion = middleboxEvidence(first, options);
   if (suspicion === undefined) return;
-  const observations = await probe(session, { pid: Number(first.pid), nonce }, {
+  const observations = await probe(session, {
+    pid: Number(first.pid),
+    nonce,
+    ...(typeof first.server === "string" ? { server: first.server } : {}),
+  }, {
     openProbe,
     timeoutMs,
     signal,
@@ -329,7 +380,7 @@ export async function assertSessionPinned(
 /** Runs the probe's steps until one fails, within the timeout, and says what it saw. */
 async function probe(
   session: LockSession,
-  pinned: { pid: number; nonce: string },
+  pinned: PinLook & { nonce: string },
   options: {
     openProbe: () => Promise<LockSession>;
     timeoutMs: number;
@@ -387,7 +438,12 @@ async function probe(
     step = HELD_STEP;
     const [held] = await within(probe.query(HELD_PID));
     const probeHeldPid = Number(held?.pid);
-    observations = { ...observations, probeHeldPid };
+    const probeHeldServer = held?.server;
+    observations = {
+      ...observations,
+      probeHeldPid,
+      ...(typeof probeHeldServer === "string" ? { probeHeldServer } : {}),
+    };
     if (probeHeldPid === pinned.pid) {
       // It holds what may be our server connection: let it go, or our session could wait for it.
       step = RELEASE_STEP;
@@ -412,9 +468,11 @@ async function probe(
 
 function look(row: Record<string, unknown> | undefined): PinLook {
   const nonce = row?.nonce;
+  const server = row?.server;
   return {
     pid: Number(row?.pid),
     nonce: typeof nonce === "string" && nonce !== "" ? nonce : null,
+    ...(typeof server === "string" ? { server } : {}),
   };
 }
 

@@ -77,6 +77,15 @@ export interface TcpProxy extends AsyncDisposable {
    * @throws {RangeError} When `ms` is negative or not finite.
    */
   setLatency(ms: number): void;
+  /**
+   * Sends new connections to another server, as a router whose health check has caught up with a
+   * switchover does; connections already open stay on the server they reached (reset them with
+   * `setMode("drop")` to move them).
+   *
+   * @param target The new server's host and port.
+   * @throws {RangeError} When `target.port` is not a TCP port.
+   */
+  setTarget(target: ProxyTarget): void;
   /** Closes the listener and every connection. Safe to call twice. */
   close(): Promise<void>;
 }
@@ -206,6 +215,16 @@ class TcpProxyImpl implements TcpProxy {
       );
     }
     this.#latencyMs = ms;
+  }
+
+  setTarget(target: ProxyTarget): void {
+    const { host, port } = target;
+    if (!Number.isInteger(port) || port < 1 || port > 65535) {
+      throw new RangeError(
+        `Cannot set the proxy target as 'target.port' must be an integer in 1..65535: current value is ${port}`,
+      );
+    }
+    this.#target = { host, port };
   }
 
   #accept(client: net.Socket): void {

@@ -18,7 +18,7 @@
  * @module
  */
 import { assert } from "../_assert.ts";
-import { LeaderLock } from "../../mod.ts";
+import { ConnectionError, LeaderLock } from "../../mod.ts";
 import { startPostgres, startStandby } from "../../testing.ts";
 import {
   assertClean,
@@ -36,6 +36,8 @@ import {
   stage,
   type StagedCase,
   type Staging,
+  TIMINGS,
+  waitFor,
 } from "../_hostile.ts";
 
 const ALL = [14, 15, 16, 17, 18];
@@ -377,8 +379,9 @@ const SPECIAL_CASES: readonly Case[] = [
 ];
 
 /**
- * The target is a standby: a clear permanent error naming target_session_attrs=read-write, at
- * once, and no session left.
+ * The target is a standby: error events naming target_session_attrs=read-write, each followed by
+ * a retry paced by the retry strategy (a router or a lagging health check may send the next
+ * session to the primary), never a lock there, and no session left once the candidate stops.
  */
 async function standbyTarget(hs: HostileServer): Promise<void> {
   const staged = await stage(hs, {});
@@ -386,10 +389,26 @@ async function standbyTarget(hs: HostileServer): Promise<void> {
   await standby.catchUp(hs.server);
   const dsn =
     `postgres://${staged.candidate.user}:${staged.candidate.password}@127.0.0.1:${standby.port}/${staged.database}`;
-  await expectPermanentError(
-    () => new LeaderLock(candidateOptions(dsn, staged, "a")),
-    /target_session_attrs=read-write/,
-  );
+  const lock = new LeaderLock(candidateOptions(dsn, staged, "a"));
+  const seen: { error: unknown; retryInMs: number | undefined }[] = [];
+  lock.addEventListener("error", (event) => seen.push(event));
+  const started = lock.start().catch(() => {});
+  try {
+    await waitFor(() => seen.length >= 3, "three error events", () => `state ${lock.state}`);
+    for (const { error, retryInMs } of seen.slice(0, 3)) {
+      assert(error instanceof ConnectionError && !error.permanent, String(error));
+      assert(/target_session_attrs=read-write/.test(error.message), error.message);
+      assert(retryInMs === TIMINGS.retryMs, `retried in ${retryInMs} ms`);
+    }
+    assert(lock.state !== "stopped" && !lock.isLeader, `state ${lock.state}`);
+    const [locks] = await standby.query(
+      "SELECT count(*)::int AS n FROM pg_catalog.pg_locks WHERE locktype = 'advisory'",
+    );
+    assert(Number(locks?.n) === 0, `${locks?.n} advisory locks on the standby`);
+  } finally {
+    await lock.shutdown();
+    await started;
+  }
   const [row] = await standby.query(
     "SELECT count(*)::int AS n FROM pg_catalog.pg_stat_activity WHERE usename = $1",
     [staged.candidate.user],
@@ -526,7 +545,7 @@ for (const requested of versions()) {
             fn: () => exhaustedConnections(hsSmall, false),
           },
           {
-            name: "a standby as the target: a permanent error naming target_session_attrs",
+            name: "a standby as the target: paced errors naming target_session_attrs, no lock",
             // Last: without pg_basebackup, making a standby restarts the primary.
             fn: () => standbyTarget(hsSmall),
           },

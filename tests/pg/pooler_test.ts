@@ -155,6 +155,27 @@ Deno.test("judgeProbe() refuses only on positive evidence that the session is no
       probeHeldPid: 4242,
       sessionAgain: { pid: 4242, nonce: "n1" },
     }, "not-pinned"],
+    ["a router that answered our re-look from another server (a read load-balanced to a standby)", {
+      session: { ...session, server: "primary" },
+      probeSeen: { pid: 1, nonce: null, server: "primary" },
+      probeHeldPid: 1,
+      probeHeldServer: "primary",
+      sessionAgain: { pid: 7, nonce: null, server: "standby" },
+    }, "pinned"],
+    ["a probe that met our pid on another server", {
+      session: { ...session, server: "primary" },
+      probeSeen: { pid: 4242, nonce: null, server: "standby" },
+      probeHeldPid: 4242,
+      probeHeldServer: "standby",
+      sessionAgain: { pid: 4242, nonce: "n1", server: "primary" },
+    }, "pinned"],
+    ["our session answering from another backend of the same server", {
+      session: { ...session, server: "primary" },
+      probeSeen: { pid: 1, nonce: null, server: "primary" },
+      probeHeldPid: 1,
+      probeHeldServer: "primary",
+      sessionAgain: { pid: 7, nonce: "n1", server: "primary" },
+    }, "not-pinned"],
     ["a plain forwarder", {
       session,
       probeSeen: { pid: 1, nonce: null },

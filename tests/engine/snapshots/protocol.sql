@@ -37,8 +37,10 @@ SELECT s.ok,
               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
             OPERATOR(pg_catalog.*) 1000
        END AS waited_ms,
+       s.read_only,
        h.pid AS holder_pid, h.application_name AS holder_identity
-  FROM (SELECT CASE
+  FROM (SELECT r.read_only, CASE
+          WHEN r.read_only THEN false
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
              WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -49,7 +51,10 @@ SELECT s.ok,
                AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
-        END AS ok) s
+        END AS ok
+          FROM (SELECT pg_catalog.pg_is_in_recovery()
+                    OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+                    AS read_only) r) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
       FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
@@ -88,8 +93,10 @@ SELECT s.ok,
               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
             OPERATOR(pg_catalog.*) 1000
        END AS waited_ms,
+       s.read_only,
        h.pid AS holder_pid, h.application_name AS holder_identity
-  FROM (SELECT CASE
+  FROM (SELECT r.read_only, CASE
+          WHEN r.read_only THEN false
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
              WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -100,7 +107,10 @@ SELECT s.ok,
                AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) IS NOT NULL
-        END AS ok) s
+        END AS ok
+          FROM (SELECT pg_catalog.pg_is_in_recovery()
+                    OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+                    AS read_only) r) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
       FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
@@ -139,8 +149,10 @@ SELECT s.ok,
               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.statement_timestamp())
             OPERATOR(pg_catalog.*) 1000
        END AS waited_ms,
+       s.read_only,
        h.pid AS holder_pid, h.application_name AS holder_identity
-  FROM (SELECT CASE
+  FROM (SELECT r.read_only, CASE
+          WHEN r.read_only THEN false
           WHEN EXISTS (
             SELECT 1 FROM pg_catalog.pg_locks l
              WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -151,7 +163,10 @@ SELECT s.ok,
                AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
           THEN true
           ELSE pg_catalog.pg_advisory_lock($1::pg_catalog.int4, $2::pg_catalog.int4) IS NOT NULL
-        END AS ok) s
+        END AS ok
+          FROM (SELECT pg_catalog.pg_is_in_recovery()
+                    OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+                    AS read_only) r) s
   LEFT JOIN LATERAL (
     SELECT l.pid, a.application_name
       FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
@@ -164,7 +179,7 @@ SELECT s.ok,
      LIMIT 1) h ON true;
 
 -- renew [5001,1,"15000ms"]
-SELECT EXISTS (
+SELECT NOT pg_catalog.pg_is_in_recovery() AND EXISTS (
          SELECT 1 FROM pg_catalog.pg_locks l
           WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
             AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
