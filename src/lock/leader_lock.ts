@@ -133,6 +133,8 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   #telemetry: Promise<void> | undefined;
   /** Listeners of `leaderchange`: followers read the holder after every window while any exist. */
   readonly #leaderChangeListeners = new Set<EventListener>();
+  /** The running lead() work of the current term, until it has returned: a release drains it. */
+  #work: Promise<void> | undefined;
   readonly #wrappers = new ListenerWrappers(
     this,
     (error, event) => this.#listenerFailed(error, event),
@@ -238,8 +240,12 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     const previous = telemetry
       ? Promise.all([this.#run, telemetry])
       : this.#run ?? Promise.resolve();
-    const election = new Election(this.#config, (event) => this.dispatchEvent(event));
-    election.watchHolder = this.#leaderChangeListeners.size > 0;
+    const election = new Election(
+      this.#config,
+      (event) => this.dispatchEvent(event),
+      undefined,
+      { watchHolder: () => this.#leaderChangeListeners.size > 0, work: () => this.#work },
+    );
     this.#election = election;
     this.#stopRequested = false;
     const onAbort = () => {
@@ -347,7 +353,6 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     /** The last term's work until it has returned: the next one starts after it. */
     let running: Promise<void> | undefined;
     const runTerm = (term: Term) => {
-      const election = this.#election;
       const run = async () => {
         if (term.signal.aborted) return; // never start work for a term that is over
         try {
@@ -372,10 +377,10 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
       // follows right away waits for it.
       const done: Promise<void> = running ? running.then(run) : run();
       running = done;
-      if (election) election.work = done;
+      this.#work = done;
       done.then(() => {
         if (running === done) running = undefined;
-        if (election?.work === done) election.work = undefined;
+        if (this.#work === done) this.#work = undefined;
       });
     };
     const onAcquired = (event: AcquiredEvent) => runTerm(event.term);
@@ -483,7 +488,6 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     const wrapped = this.#wrappers.get(type, listener, options, true)!;
     if (type === "leaderchange") {
       this.#leaderChangeListeners.add(wrapped);
-      if (this.#election) this.#election.watchHolder = true;
     }
     super.addEventListener(type, wrapped, options);
   }
@@ -521,9 +525,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     const wrapped = this.#wrappers.get(type, listener, options, false);
     if (!wrapped) return;
     super.removeEventListener(type, wrapped, options);
-    if (type === "leaderchange" && this.#leaderChangeListeners.delete(wrapped) && this.#election) {
-      this.#election.watchHolder = this.#leaderChangeListeners.size > 0;
-    }
+    if (type === "leaderchange") this.#leaderChangeListeners.delete(wrapped);
   }
 
   /** Reports a listener's failure as an `error` event (or on the console, for an `error` listener). */

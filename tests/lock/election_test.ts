@@ -94,14 +94,18 @@ function harness(
   const events: string[] = [];
   const { connect = () => Promise.resolve(session), ...rest } = overrides;
   const config = testConfig({ connect, ...rest });
-  const election = new Election(config, (event) => {
-    // Every observed transition must be in the table.
-    if (event instanceof StateChangeEvent && !canTransition(event.from, event.to)) {
-      untabled.push(`${event.from}->${event.to}`);
-    }
-    events.push(describeEvent(event));
-  }, () => now);
-  election.watchHolder = watchHolder;
+  const election = new Election(
+    config,
+    (event) => {
+      // Every observed transition must be in the table.
+      if (event instanceof StateChangeEvent && !canTransition(event.from, event.to)) {
+        untabled.push(`${event.from}->${event.to}`);
+      }
+      events.push(describeEvent(event));
+    },
+    () => now,
+    { watchHolder: () => watchHolder },
+  );
   return {
     election,
     events,
