@@ -31,6 +31,7 @@ export {
   type LeaderLockTelemetryOptions,
   type LeadOptions,
   type ShutdownOptions,
+  type StartOptions,
   type StepDownOptions,
   type WaitForLeadershipOptions,
 } from "./src/lock/leader_lock.ts";
