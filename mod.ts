@@ -36,6 +36,7 @@ export {
   type WaitForLeadershipOptions,
 } from "./src/lock/leader_lock.ts";
 export type { Term, TermTransaction } from "./src/engine/term.ts";
+export type { Leadership } from "./src/engine/leadership.ts";
 export type { Row } from "./src/engine/protocol.ts";
 export type { MeterProviderLike, TracerProviderLike } from "./src/telemetry/telemetry.ts";
 export { shutdownSignal, type ShutdownSignalName } from "./src/engine/signals.ts";

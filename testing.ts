@@ -26,9 +26,21 @@
  * await client.end();
  * ```
  *
+ * For unit tests of code that runs while leader, {@linkcode FakeLeaderLock} is a test double of
+ * `LeaderLock` that needs no database: `grant()` starts a term, `revoke()` ends it, and
+ * `statements` lists what the terms ran.
+ *
  * @module
  */
 
+export {
+  FakeLeaderLock,
+  type FakeLeaderLockOptions,
+  type FakeQueryHandler,
+  type FakeRevokeReason,
+  type FakeStatement,
+  type GrantOptions,
+} from "./src/testing/fake_leader_lock.ts";
 export {
   type DsnOptions,
   PostgresStartError,
@@ -65,10 +77,10 @@ export {
   type CheckTermsOptions,
   formatViolations,
   type FreezeInterval,
+  type ObservedTerm,
   parseCandidateLine,
   parseCandidateOutput,
   type QueryRunner,
-  type Term,
   type TermEndSource,
   type TimeInterval,
   type Violation,
