@@ -8,7 +8,7 @@
 import { LeaderLock, type LeaderLockOptions, type Term } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
 import { type HttpEndpoints, serveEndpoints } from "./_http.ts";
-import { type LockSettings, LoggedRetry, logLockEvents } from "./_lock_flags.ts";
+import { type LockSettings, logLockEvents } from "./_lock_flags.ts";
 import { LockMetrics, type MetricFamily } from "./_metrics.ts";
 import { errorMessage, type FieldValue, type Logger } from "./_output.ts";
 
@@ -80,14 +80,10 @@ export class Campaign implements AsyncDisposable {
     this.#settings = settings;
     this.#drainMs = drainMs;
     this.name = settings.name;
-    const { retryStrategy } = settings.options;
-    const retry = retryStrategy === undefined ? undefined : new LoggedRetry(retryStrategy, logger);
+    // userkit: one log line per retry (the lock's error event with retryInMs, logged by
+    // logLockEvents), so no retry-strategy wrapper that logged a second line.
     try {
-      this.lock = new LeaderLock({
-        ...settings.options,
-        ...(retry !== undefined ? { retryStrategy: retry } : {}),
-        ...overrides,
-      });
+      this.lock = new LeaderLock({ ...settings.options, ...overrides });
     } catch (error) {
       if (error instanceof TypeError || error instanceof RangeError) {
         const message = errorMessage(error).replace(/^Cannot create LeaderLock as /, "");
@@ -95,7 +91,7 @@ export class Campaign implements AsyncDisposable {
       }
       throw error;
     }
-    logLockEvents(this.lock, logger, retry);
+    logLockEvents(this.lock, logger);
     this.lock.addEventListener("error", (e) => this.lastError = e.error);
     this.lock.addEventListener("lost", (e) => this.lastLost = e.reason);
     this.lock.addEventListener("acquired", () => {
