@@ -31,10 +31,12 @@ export {
   type LeaderLockTelemetryOptions,
   type LeadOptions,
   type ShutdownOptions,
+  type StartOptions,
   type StepDownOptions,
   type WaitForLeadershipOptions,
 } from "./src/lock/leader_lock.ts";
 export type { Term, TermTransaction } from "./src/engine/term.ts";
+export type { Leadership } from "./src/engine/leadership.ts";
 export type { Row } from "./src/engine/protocol.ts";
 export type {
   MeterProviderLike,

@@ -26,9 +26,21 @@
  * await client.end();
  * ```
  *
+ * For unit tests of code that runs while leader, {@linkcode FakeLeaderLock} is a test double of
+ * `LeaderLock` that needs no database: `grant()` starts a term, `revoke()` ends it, and
+ * `statements` lists what the terms ran.
+ *
  * @module
  */
 
+export {
+  FakeLeaderLock,
+  type FakeLeaderLockOptions,
+  type FakeQueryHandler,
+  type FakeRevokeReason,
+  type FakeStatement,
+  type GrantOptions,
+} from "./src/testing/fake_leader_lock.ts";
 export {
   type DsnOptions,
   PostgresStartError,
@@ -65,10 +77,10 @@ export {
   type CheckTermsOptions,
   formatViolations,
   type FreezeInterval,
+  type ObservedTerm,
   parseCandidateLine,
   parseCandidateOutput,
   type QueryRunner,
-  type Term,
   type TermEndSource,
   type TimeInterval,
   type Violation,
@@ -109,3 +121,21 @@ export {
   type ServerCertificate,
   type TestCertificates,
 } from "./src/testing/tls.ts";
+export {
+  findPatroniStack,
+  type KillResult,
+  type PatroniNode,
+  type PatroniStack,
+  startPatroni,
+  type StartPatroniOptions,
+  type SwitchoverResult,
+  type TestPatroni,
+  type WaitForPrimaryOptions,
+} from "./src/testing/patroni.ts";
+export {
+  findPgpool,
+  type PgpoolFunctionList,
+  startPgpool,
+  type StartPgpoolOptions,
+  type TestPgpool,
+} from "./src/testing/pgpool.ts";

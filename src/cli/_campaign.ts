@@ -8,7 +8,7 @@
 import { LeaderLock, type LeaderLockOptions, type Term } from "../../mod.ts";
 import { UsageError } from "./_args.ts";
 import { type HolderInfo, type HttpEndpoints, serveEndpoints } from "./_http.ts";
-import { type LockSettings, LoggedRetry, logLockEvents } from "./_lock_flags.ts";
+import { type LockSettings, logLockEvents } from "./_lock_flags.ts";
 import { LockMetrics, type MetricFamily } from "./_metrics.ts";
 import { errorMessage, type FieldValue, type Logger } from "./_output.ts";
 
@@ -70,16 +70,14 @@ export class Campaign implements AsyncDisposable {
     this.#settings = settings;
     this.#drainMs = drainMs;
     this.name = settings.name;
-    const { retryStrategy } = settings.options;
-    const retry = retryStrategy === undefined ? undefined : new LoggedRetry(retryStrategy, logger);
     // The library loads the API by a specifier in a variable (nothing is fetched for users who
     // never enable telemetry); naming it literally here puts it in the CLI's module graph, which
     // `deno compile` embeds. A failure is the lock's `error` event, when it loads the same module.
     if (denoExportsTelemetry()) import("npm:@opentelemetry/api@^1.9.0").catch(() => {});
+    // One log line per retry: the lock's error event with retryInMs, logged by logLockEvents.
     try {
       this.lock = new LeaderLock({
         ...settings.options,
-        ...(retry !== undefined ? { retryStrategy: retry } : {}),
         ...(denoExportsTelemetry() ? { telemetry: true } : {}),
         ...overrides,
       });
@@ -90,7 +88,7 @@ export class Campaign implements AsyncDisposable {
       }
       throw error;
     }
-    logLockEvents(this.lock, logger, retry);
+    logLockEvents(this.lock, logger);
     this.lock.addEventListener("error", (e) => this.lastError = e.error);
     this.lock.addEventListener("lost", (e) => this.lastLost = e.reason);
     this.lock.addEventListener("acquired", () => {

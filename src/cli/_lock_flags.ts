@@ -9,10 +9,8 @@ import { type ConnectionParams, parseDsn, redactDsn } from "../pg/dsn.ts";
 import {
   type AcquireMode,
   ExponentialBackoff,
-  type LeaderLock,
+  LeaderLock,
   type LeaderLockOptions,
-  type RetryContext,
-  type RetryStrategy,
 } from "../../mod.ts";
 import { lockKeys } from "../engine/lock_name.ts";
 import {
@@ -149,14 +147,12 @@ export function lockTarget(
   if (key1Text === undefined && key2Text === undefined && !required) return undefined;
   if (key1Text === undefined || key2Text === undefined) {
     throw new UsageError(
-      required
-        ? `option '--name' or options '--key1' and '--key2' are required: missing ${
-          [key1Text === undefined ? "'--key1'" : "", key2Text === undefined ? "'--key2'" : ""]
-            .filter(Boolean).join(" and ")
-        }`
-        : `options '--key1' and '--key2' go together: missing '--${
-          key1Text === undefined ? "key1" : "key2"
-        }'`,
+      key1Text === undefined && key2Text === undefined
+        ? `name the lock with '--name NAME' (such as '--name billing-cron'); without a name, ` +
+          `options '--key1' and '--key2' are required: missing '--key1' and '--key2'`
+        : `options '--key1' and '--key2' go together${
+          required ? " (or name the lock with '--name NAME' instead)" : ""
+        }: missing '--${key1Text === undefined ? "key1" : "key2"}'`,
       command,
     );
   }
@@ -211,15 +207,15 @@ export function dsnSettings(command: string, flags: ReadonlyMap<string, string>)
   }
   redactor.add(params.password);
   const needs: Need[] = [];
-  if (given === undefined) {
-    // Without --dsn everything comes from the environment: unreadable, it would silently be
-    // localhost as the OS user.
-    needs.push({
-      descriptor: { name: "env" },
-      flag: "--allow-env",
-      why: "to read PG_DSN and the PG* variables (or pass --dsn)",
-    });
-  }
+  // npm:pg reads PG* variables (PGBINARY, PGPASSWORD, ...) for whatever the DSN leaves out, even
+  // with --dsn: without the permission the first connection would fail with Deno's raw message.
+  needs.push({
+    descriptor: { name: "env" },
+    flag: "--allow-env",
+    why: given === undefined
+      ? "to read PG_DSN and the PG* variables"
+      : "for npm:pg, which reads the PG* variables for what the DSN leaves out",
+  });
   needs.push(...connectionNeeds({
     hosts: params.hosts,
     files: [params.sslrootcert, params.sslcert, params.sslkey],
@@ -304,14 +300,6 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
   };
   const healthIntervalMs = time("health-interval", 0.001) ?? 5000;
   const leaseMs = time("lease", 0.002) ?? 3 * healthIntervalMs;
-  if (leaseMs < 2 * healthIntervalMs) {
-    throw new UsageError(
-      `option '--lease' must be at least twice '--health-interval' (${
-        2 * healthIntervalMs / 1000
-      } s): got ${leaseMs / 1000} s`,
-      command,
-    );
-  }
   const retryBaseMs = time("retry-base", 0) ?? 1000;
   const retryMaxMs = time("retry-max", 0) ?? Math.max(30_000, retryBaseMs);
   if (retryMaxMs < retryBaseMs) {
@@ -324,17 +312,8 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
   }
   const reconnectGraceMs = time("reconnect-grace", 0);
   const timeoutMs = time("timeout", 0.001);
-  const mode = get("acquire-mode") ?? "wait";
-  if (mode !== "wait" && mode !== "poll") {
-    throw new UsageError(
-      `option '--acquire-mode' must be 'wait' or 'poll': got '${mode}'`,
-      command,
-    );
-  }
+  const mode = (get("acquire-mode") ?? "wait") as AcquireMode;
   const identity = get("identity");
-  if (identity !== undefined && identity === "") {
-    throw new UsageError("option '--identity' must not be empty", command);
-  }
   const httpText = get("http");
   const http = httpText === undefined ? undefined : listenAddress(command, "http", httpText);
   const log = logSettings(command, flags);
@@ -348,22 +327,33 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
     });
   }
 
+  const options: LeaderLockOptions = {
+    dsn: dsn.dsn,
+    // A named lock passes its name: the lock derives the same keys and reports the name.
+    ...(name !== undefined ? { name } : { key1, key2 }),
+    healthIntervalMs,
+    leaseMs,
+    retryStrategy: new ExponentialBackoff({ baseMs: retryBaseMs, maxMs: retryMaxMs }),
+    ...(reconnectGraceMs !== undefined ? { reconnectGraceMs } : {}),
+    autoReacquire: !flags.has("no-auto-reacquire"),
+    acquireMode: mode,
+    ...(identity !== undefined ? { identity } : {}),
+  };
+  // The library checks its options (lease vs health interval, acquire mode, identity) in one
+  // place, its constructor: a lock that is never started, mapped to a usage error.
+  try {
+    new LeaderLock({ ...options, telemetry: false });
+  } catch (error) {
+    if (error instanceof TypeError || error instanceof RangeError) {
+      throw usageErrorOf(error, command);
+    }
+    throw error;
+  }
   return {
     ...dsn,
     ...log,
     needs,
-    options: {
-      dsn: dsn.dsn,
-      // A named lock passes its name: the lock derives the same keys and reports the name.
-      ...(name !== undefined ? { name } : { key1, key2 }),
-      healthIntervalMs,
-      leaseMs,
-      retryStrategy: new ExponentialBackoff({ baseMs: retryBaseMs, maxMs: retryMaxMs }),
-      ...(reconnectGraceMs !== undefined ? { reconnectGraceMs } : {}),
-      autoReacquire: !flags.has("no-auto-reacquire"),
-      acquireMode: mode satisfies AcquireMode,
-      ...(identity !== undefined ? { identity } : {}),
-    },
+    options,
     name,
     leaseMs,
     healthIntervalMs,
@@ -373,76 +363,54 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
   };
 }
 
+/** Option names of the library, as the CLI's flags. */
+const FLAG_OF: Readonly<Record<string, string>> = {
+  leaseMs: "lease",
+  healthIntervalMs: "health-interval",
+  reconnectGraceMs: "reconnect-grace",
+  acquireMode: "acquire-mode",
+  autoReacquire: "no-auto-reacquire",
+  identity: "identity",
+  name: "name",
+  key1: "key1",
+  key2: "key2",
+  dsn: "dsn",
+};
+
 /**
- * Wraps a retry strategy so that each retry after a failure is logged with when it happens:
- * `retry attempt=3 delay=4 at=2026-11-29T14:00:04.000Z error="..."`.
+ * Turns a LeaderLock constructor's TypeError/RangeError into the CLI's usage error: option names
+ * become flags, milliseconds become seconds, "current value is" becomes "got".
+ *
+ * @param error The constructor's error.
+ * @param command The subcommand.
+ * @returns The usage error.
  */
-export class LoggedRetry implements RetryStrategy {
-  readonly #inner: RetryStrategy;
-  readonly #logger: Logger;
-  readonly #announced = new WeakSet<object>();
-
-  /**
-   * Creates the wrapper.
-   *
-   * @param inner The strategy that decides.
-   * @param logger Where retry lines go.
-   */
-  constructor(inner: RetryStrategy, logger: Logger) {
-    this.#inner = inner;
-    this.#logger = logger;
-  }
-
-  /**
-   * Asks the inner strategy and logs its answer when an attempt failed with an error.
-   *
-   * @param ctx The attempts so far.
-   * @returns The inner strategy's delay.
-   */
-  nextDelayMs(ctx: RetryContext): number | null {
-    const delay = this.#inner.nextDelayMs(ctx);
-    // Without an error it is a poll-mode try-lock that found the lock held: not a retry.
-    if (ctx.lastError !== undefined && delay !== null && Number.isFinite(delay)) {
-      if (typeof ctx.lastError === "object" && ctx.lastError !== null) {
-        this.#announced.add(ctx.lastError);
-      }
-      this.#logger.event("retry", {
-        attempt: ctx.attempt,
-        delay: Math.round(delay) / 1000,
-        at: new Date(Date.now() + delay),
-        error: errorMessage(ctx.lastError),
-      });
-    }
-    return delay;
-  }
-
-  /**
-   * Whether a retry line already told of this error (or of its cause): its `error` event need not
-   * be logged again.
-   *
-   * @param error The error of an `error` event.
-   * @returns `true` when a retry line named it.
-   */
-  announced(error: unknown): boolean {
-    let current = error;
-    for (let depth = 0; depth < 5 && typeof current === "object" && current !== null; depth++) {
-      if (this.#announced.has(current)) return true;
-      current = (current as { cause?: unknown }).cause;
-    }
-    return false;
-  }
+export function usageErrorOf(error: TypeError | RangeError, command: string): UsageError {
+  let text = error.message.replace(/^Cannot create \w+ as /, "");
+  const inMs = /^'\w+Ms'/.test(text);
+  const seconds = (ms: string) => `${Number(ms) / 1000} s`;
+  text = text.replace(/'(\w+Ms)' \((\d+(?:\.\d+)?)\)/g, (_, n, v) => `'${n}' (${seconds(v)})`);
+  text = text.replace(
+    /: current value is (.*)$/,
+    (_, value: string) =>
+      `: got ${
+        inMs && /^\d+(\.\d+)?$/.test(value) ? seconds(value) : value.replace(/^"(.*)"$/, "'$1'")
+      }`,
+  );
+  text = text.replace(/"(\w+)"/g, "'$1'");
+  text = text.replace(/'(\w+)'/g, (all, n: string) => FLAG_OF[n] ? `'--${FLAG_OF[n]}'` : all);
+  return new UsageError(text.startsWith("'--") ? `option ${text}` : text, command);
 }
 
 /**
  * Logs every event of a lock: state changes, acquired, released, lost, failed attempts, who
- * leads, errors.
+ * leads, errors. A failed connection attempt that the lock retries is one `retry` line saying
+ * when the next attempt is: `retry attempt=3 delay=4 at=2026-11-29T14:00:04.000Z error="..."`.
  *
  * @param lock The lock.
  * @param logger Where to log.
- * @param retry The lock's logged retry strategy: an `error` event it has announced already as a
- * `retry` line is not logged again.
  */
-export function logLockEvents(lock: LeaderLock, logger: Logger, retry?: LoggedRetry): void {
+export function logLockEvents(lock: LeaderLock, logger: Logger): void {
   lock.addEventListener(
     "statechange",
     (e) => logger.event("statechange", { from: e.from, to: e.to }),
@@ -474,7 +442,16 @@ export function logLockEvents(lock: LeaderLock, logger: Logger, retry?: LoggedRe
     (e) => logger.event("leaderchange", { pid: e.pid, identity: e.identity }),
   );
   lock.addEventListener("error", (e) => {
-    if (retry?.announced(e.error)) return;
-    logger.event("error", { message: errorMessage(e.error) });
+    const { retryInMs } = e;
+    if (retryInMs === undefined) {
+      logger.event("error", { message: errorMessage(e.error) });
+      return;
+    }
+    logger.event("retry", {
+      attempt: (e.error as { attempts?: number }).attempts,
+      delay: Math.round(retryInMs) / 1000,
+      at: new Date(Date.now() + retryInMs),
+      error: errorMessage(e.error),
+    });
   });
 }

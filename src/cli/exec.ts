@@ -121,7 +121,8 @@ a watchdog process kills COMMAND when the lease runs out; if exec is killed, the
 (and on Linux the kernel, through setpriv --pdeathsig) kills COMMAND at once.
 
 Exit status: COMMAND's status (128+N when killed by signal N); ${EXIT_LOST} when leadership was lost;
-126/127 when COMMAND cannot be run or is not found; 0 after SIGINT/SIGTERM while not running
+126/127 when COMMAND cannot be run or is not found (checked before competing when exec may
+read it, as with -A or --allow-read); 0 after SIGINT/SIGTERM while not running
 COMMAND; 1 when connecting failed for good; 2 for a usage error; ${EXIT_TIMEOUT} when --timeout passed
 before this process led; ${EXIT_NO_PERMISSION} when a Deno permission is missing (exec needs
 --allow-run and, unless --pass-dsn, all of --allow-env; it checks before competing).
@@ -187,6 +188,41 @@ export function childEnvironment(
 }
 
 /** The whole environment when it may be read, else nothing. */
+/**
+ * Whether `program` can be run, checked before competing: `127` when it is not found (a path
+ * that does not exist, or a name on no `PATH` directory), `126` when it is not an executable
+ * file, `undefined` when it can run or this process may not look (no read permission for a
+ * place it could be: the spawn after winning the lock reports it then).
+ *
+ * @param program The command's program: a path (with a `/`) or a name looked up in `PATH`.
+ * @param path The `PATH` value, if readable.
+ * @returns The exit status to fail with, or `undefined`.
+ */
+export function programProblem(program: string, path: string | undefined): 126 | 127 | undefined {
+  const candidates = program.includes("/")
+    ? [program]
+    : (path ?? "").split(":").filter((dir) => dir !== "").map((dir) => `${dir}/${program}`);
+  if (!program.includes("/") && path === undefined) return undefined;
+  let found: 126 | 127 = 127;
+  for (const candidate of candidates) {
+    let info: Deno.FileInfo;
+    try {
+      if (Deno.permissions.querySync({ name: "read", path: candidate }).state !== "granted") {
+        return undefined;
+      }
+      info = Deno.statSync(candidate);
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound || error instanceof Deno.errors.NotADirectory) {
+        continue;
+      }
+      return undefined;
+    }
+    if (info.isFile && ((info.mode ?? 0o111) & 0o111) !== 0) return undefined;
+    found = 126;
+  }
+  return found;
+}
+
 function readableEnvironment(): Record<string, string> {
   try {
     return Deno.permissions.querySync({ name: "env" }).state === "granted"
@@ -305,6 +341,15 @@ export async function execCommand(args: readonly string[], io: CliIo): Promise<n
     });
   }
   requirePermissions("exec", needs);
+  const problem = programProblem(program, readableEnvironment().PATH);
+  if (problem !== undefined) {
+    io.stderr(
+      `pgleaderlock exec: cannot run '${program}': ${
+        problem === 127 ? "not found" : "not an executable file"
+      } (checked before competing for the lock)\n`,
+    );
+    return problem;
+  }
   const environment = childEnvironment(passDsn);
   const logger = new Logger({
     json: settings.json,

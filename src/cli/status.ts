@@ -250,6 +250,32 @@ function print(
     logger.event("status", { locks: 0, message: "no advisory locks" }, time);
     return;
   }
+  const [only] = locks;
+  if (target !== undefined && only !== undefined && only.holder === undefined) {
+    // The lock asked for is free: say so plainly instead of a list of one lock held by "none".
+    const waiting = only.waiters.length;
+    const what = target.name !== undefined ? `lock '${target.name}'` : "this lock";
+    logger.event("status", {
+      name: target.name,
+      ...keyFields(only),
+      held: "no",
+      waiting,
+      message: `nobody holds ${what}${
+        waiting > 0 ? ` (${waiting} waiting, about to take it)` : ""
+      }`,
+    }, time);
+    for (const waiter of only.waiters) {
+      logger.event("waiter", {
+        ...keyFields(only),
+        pid: waiter.pid,
+        identity: waiter.identity,
+        user: waiter.user,
+        client: waiter.clientAddr,
+        "waiting-since": waiter.waitingSince,
+      }, time);
+    }
+    return;
+  }
   logger.event("status", { locks: locks.length }, time);
   for (const lock of locks) {
     logger.event("lock", lockFields(lock, nameOf(lock), leadingSince(lock)), time);

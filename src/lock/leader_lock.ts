@@ -4,10 +4,11 @@
  *
  * @module
  */
+import { AsyncLocalStorage } from "node:async_hooks";
 import { withResolvers } from "../engine/_compat.ts";
 import { ListenerWrappers } from "../engine/_listeners.ts";
 import { Election } from "./election.ts";
-import { LeadershipEndedError, PgLeaderLockError } from "../engine/errors.ts";
+import { ConnectionError, LeadershipEndedError, PgLeaderLockError } from "../engine/errors.ts";
 import {
   type AcquiredEvent,
   LeaderLockErrorEvent,
@@ -31,6 +32,29 @@ export type { AcquireMode, LeaderLockOptions, LeaderLockTelemetryOptions, Term }
 const DEFAULT_DRAIN_MS = 5000;
 /** The default of {@linkcode StepDownOptions.yieldMs}. */
 const DEFAULT_YIELD_MS = 100;
+
+/**
+ * Which lock's `lead()` work the running code belongs to: `stepDown()`/`shutdown()` called from
+ * inside that work do not wait the drain for it (it would wait for its own caller).
+ */
+const insideWork = new AsyncLocalStorage<LeaderLock>();
+
+/** Options of {@linkcode LeaderLock.start}. */
+export interface StartOptions {
+  /**
+   * Aborting it rejects this wait with `signal.reason`; the lock keeps competing (stop it with
+   * {@linkcode LeaderLock.shutdown} or the lock's own `signal`).
+   */
+  signal?: AbortSignal;
+  /**
+   * How long to wait for the first session (`Infinity`, or at most 2^31 - 1). When it passes,
+   * `start()` rejects with a {@linkcode ConnectionError} whose `cause` is the last connection
+   * error; the lock keeps competing (and leads once the server answers) until it is shut down.
+   *
+   * @default {Infinity}
+   */
+  timeoutMs?: number;
+}
 
 /** Options of {@linkcode LeaderLock.shutdown} and {@linkcode LeaderLock.stepDown}. */
 export interface ShutdownOptions {
@@ -224,17 +248,41 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   /**
    * Starts competing for leadership in the background.
    *
+   * @param options A signal and a timeout that bound this call's wait for the first session (the
+   * lock keeps competing when they end it).
    * @returns Resolves once the first session to PostgreSQL is open (state `acquiring` or later).
-   * Calling it again while running returns the same promise; calling it after `shutdown()` (even
-   * one still in flight) starts afresh once that shutdown has finished.
+   * Calling it again while running waits for the same session; calling it after `shutdown()`
+   * (even one still in flight) starts afresh once that shutdown has finished.
    * @throws {ConnectionError} When connecting fails for good (wrong password, unknown database,
-   * a standby or read-only server) or the retry strategy gives up before a session opened.
+   * a standby or read-only server), the retry strategy gives up before a session opened, or
+   * `options.timeoutMs` passes first (the lock keeps competing then).
+   * @throws {unknown} The lock's `signal.reason` when that signal stopped the lock before a session
+   * opened (or was aborted already); `options.signal.reason` when it aborted first.
+   * @throws {PgLeaderLockError} When `shutdown()` stopped the lock before a session opened.
+   * @throws {RangeError} When `options.timeoutMs` is out of range.
+   * @throws {TypeError} When `options.signal` is not an AbortSignal.
    */
-  start(): Promise<void> {
+  start(options: StartOptions = {}): Promise<void> {
+    const { signal: waitSignal, timeoutMs = Infinity } = options;
+    if (waitSignal !== undefined && !(waitSignal instanceof AbortSignal)) {
+      throw new TypeError("Cannot call LeaderLock.start() as 'signal' must be an AbortSignal");
+    }
+    if (timeoutMs !== Infinity) checkDuration("timeoutMs", timeoutMs, { method: "start" });
     const { signal } = this.#config;
     if (signal?.aborted) return Promise.reject(signal.reason);
+    if (waitSignal?.aborted) return Promise.reject(waitSignal.reason);
+    const ready = this.#startElection();
+    if (waitSignal === undefined && timeoutMs === Infinity) return ready;
+    return this.#boundedReady(ready, waitSignal, timeoutMs);
+  }
+
+  /** Starts an election unless one runs: resolves when its first session is open. */
+  #startElection(): Promise<void> {
+    const { signal } = this.#config;
     const current = this.#election;
-    if (current && !this.#stopRequested && this.#run && !current.finished) return current.ready;
+    if (current && !this.#stopRequested && this.#run && !current.finished) {
+      return this.#readyOf(current);
+    }
     // After the previous run, and after telemetry listens: it sees every event from the first on.
     const telemetry = this.#telemetry;
     const previous = telemetry
@@ -259,7 +307,58 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
         signal?.removeEventListener("abort", onAbort);
       }
     });
-    return election.ready;
+    return this.#readyOf(election);
+  }
+
+  /** The election's first session; a stop by the lock's signal rejects with its reason. */
+  #readyOf(election: Election): Promise<void> {
+    const { signal } = this.#config;
+    return election.ready.catch((error) => {
+      if (election.fatalError === undefined && signal?.aborted) throw signal.reason;
+      throw error;
+    });
+  }
+
+  /** `ready`, bounded by a start() call's own signal and timeout. */
+  #boundedReady(
+    ready: Promise<void>,
+    waitSignal: AbortSignal | undefined,
+    timeoutMs: number,
+  ): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      let lastError: ConnectionError | undefined;
+      let attempts = 0;
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const onError = (event: LeaderLockErrorEvent) => {
+        if (event.error instanceof ConnectionError) {
+          lastError = event.error;
+          attempts = event.error.attempts;
+        }
+      };
+      const finish = (settle: () => void) => {
+        clearTimeout(timer);
+        waitSignal?.removeEventListener("abort", onAbort);
+        this.removeEventListener("error", onError);
+        settle();
+      };
+      const onAbort = () => finish(() => reject(waitSignal!.reason));
+      this.addEventListener("error", onError);
+      waitSignal?.addEventListener("abort", onAbort, { once: true });
+      if (timeoutMs !== Infinity) {
+        timer = setTimeout(() => {
+          const last = lastError ? `: ${lastError.message}` : "";
+          const error = new ConnectionError(
+            `LeaderLock did not connect within ${timeoutMs} ms${last} (it keeps trying)`,
+            { cause: lastError, code: lastError?.code, attempts },
+          );
+          finish(() => reject(error));
+        }, timeoutMs);
+      }
+      ready.then(
+        () => finish(resolve),
+        (error) => finish(() => reject(error)),
+      );
+    });
   }
 
   /**
@@ -272,7 +371,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
    * @throws {ShutdownError} When `timeoutMs` passed first; the socket was closed anyway.
    */
   async shutdown(options: ShutdownOptions = {}): Promise<void> {
-    const { timeoutMs, drainMs } = shutdownBounds(options, "shutdown");
+    const { timeoutMs, drainMs } = shutdownBounds(options, "shutdown", this);
     const election = this.#election;
     if (!election) return;
     this.#stopRequested = true;
@@ -294,7 +393,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
    * lock on the server.
    */
   async stepDown(options: StepDownOptions = {}): Promise<void> {
-    const { timeoutMs, drainMs } = shutdownBounds(options, "stepDown");
+    const { timeoutMs, drainMs } = shutdownBounds(options, "stepDown", this);
     const { yieldMs = DEFAULT_YIELD_MS } = options;
     checkDuration("yieldMs", yieldMs, { method: "stepDown" });
     await this.#election?.stepDown(timeoutMs, drainMs, yieldMs);
@@ -356,7 +455,7 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
       const run = async () => {
         if (term.signal.aborted) return; // never start work for a term that is over
         try {
-          await work(term);
+          await insideWork.run(this, () => work(term));
         } catch (error) {
           const ended = term.signal.aborted && error === term.signal.reason;
           if (ended || error instanceof LeadershipEndedError) return;
@@ -395,7 +494,14 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     this.addEventListener("statechange", onState);
     signal?.addEventListener("abort", onAbort, { once: true });
     try {
-      await this.start();
+      const starting = this.start();
+      const election = this.#election;
+      // Stopped (shutdown or a signal) before the first session opened: a normal stop.
+      await starting.catch((error) => {
+        if (election?.fatalError !== undefined || !election?.finished && !this.#stopRequested) {
+          throw error;
+        }
+      });
       const current = this.#election?.term;
       if (current && this.isLeader) runTerm(current);
       if (this.#election?.finished || this.#stopRequested) stopped.resolve();
@@ -545,9 +651,11 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
 function shutdownBounds(
   options: ShutdownOptions,
   method: string,
+  lock: LeaderLock,
 ): { timeoutMs: number; drainMs: number } {
   const { timeoutMs = 10_000, drainMs = DEFAULT_DRAIN_MS } = options;
   checkDuration("timeoutMs", timeoutMs, { method });
   checkDuration("drainMs", drainMs, { method });
-  return { timeoutMs, drainMs };
+  // Called from inside this lock's lead() work: the work waits for this call, so no drain.
+  return { timeoutMs, drainMs: insideWork.getStore() === lock ? 0 : drainMs };
 }

@@ -29,12 +29,19 @@ export interface ConnectionOptions {
    * (`postgres://user:pw@host:5432/db`). libpq's PG* environment variables fill in what it omits.
    * Ignored when `connect` is given.
    *
-   * @default {""} (everything from PG* variables, else localhost:5432)
+   * @default {""} (everything from PG* variables, else libpq's socket directory when the server's
+   * socket is there, else localhost:5432)
    */
   dsn?: string;
   /**
    * Opens the connection yourself: returns a connected `pg.Client` (npm:pg) that nothing else
-   * uses. Bypasses `dsn`. The signal aborts when the attempt is no longer needed. The lock's
+   * uses. Bypasses `dsn`. A client from `pool.connect()` (pg.Pool) works: the lock keeps it for
+   * its whole session (one pool slot for as long as the lock runs) and, once that connection
+   * has ended, releases it to the pool destroyed (`release(error)`), never back into use: a
+   * session that held an advisory lock is not reused. A client that other code also uses shares
+   * the lock's session: its statements interleave with the lock's, its `end()` ends the lock's
+   * session (a `lost`), and a `pg_advisory_unlock_all()` or `DISCARD ALL` of it releases the lock
+   * unseen until the next health check: do not. The signal aborts when the attempt is no longer needed. The lock's
    * settings are then applied by its first statement instead of the startup packet, so that
    * statement runs under whatever the role and database set (a 1 ms `statement_timeout` can fail
    * it): prefer `dsn`.
@@ -68,7 +75,11 @@ export function makeConnector(
     const target = "the server of the custom connect function";
     return {
       target,
-      connect: classified(target, async (signal) => new PgSession(await connect(signal))),
+      connect: classified(target, async (signal) => {
+        const client = await connect(signal);
+        releaseToPoolOnEnd(client);
+        return new PgSession(client);
+      }),
       pinsAtStartup: false,
     };
   }
@@ -101,6 +112,32 @@ export function makeConnector(
       })),
     pinsAtStartup: true,
   };
+}
+
+/**
+ * A client from `pool.connect()` (npm:pg's pg.Pool, which gives it a `release` method) goes back
+ * to its pool destroyed once its connection ends, whoever ended it (the lock's close, the server):
+ * `release(error)` makes the pool drop it, so `pool.totalCount` falls and the pool can open a new
+ * one. The session's advisory lock dies with the connection: a pooled connection is never reused
+ * after holding it.
+ *
+ * @param client The client `connect` returned.
+ */
+function releaseToPoolOnEnd(client: PgClient): void {
+  const release = (client as { release?: unknown }).release;
+  if (typeof release !== "function") return;
+  let released = false;
+  const onEnd = () => {
+    if (released) return;
+    released = true;
+    client.off("end", onEnd);
+    try {
+      release.call(client, new Error("pgleaderlock closed this session"));
+    } catch {
+      // Released already by other code: nothing of ours to give back.
+    }
+  };
+  client.on("end", onEnd);
 }
 
 /** Turns every failure but an abort into a {@linkcode ConnectionError} that says if it is permanent. */

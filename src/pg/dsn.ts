@@ -22,6 +22,8 @@
  *
  * @module
  */
+import { statSync } from "node:fs";
+import process from "node:process";
 import { env as runtimeEnv } from "./_runtime.ts";
 
 /** One server to try. */
@@ -46,7 +48,10 @@ export type TargetSessionAttrs =
 
 /** What a connection string says, with defaults filled in. */
 export interface ConnectionParams {
-  /** The servers to try, in order: at least one. Default `localhost:5432`. */
+  /**
+   * The servers to try, in order: at least one. Without a host anywhere: libpq's socket directory
+   * when its socket exists there ({@linkcode defaultHost}), else `localhost`; port 5432.
+   */
   readonly hosts: readonly DsnHost[];
   /** The role to log in as, if given. */
   readonly user: string | undefined;
@@ -95,7 +100,10 @@ export interface ConnectionParams {
  * `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`, `PGSSLKEY`, `PGCONNECT_TIMEOUT`, `PGAPPNAME`,
  * `PGTARGETSESSIONATTRS` and `PGOPTIONS`; empty ones count as unset. Without `env`, they are read
  * from `Deno.env`, each only if the env permission for it is already granted: this never prompts
- * and never throws for want of permission.
+ * and never throws for want of permission. Without `env`, a missing host is libpq's default, the
+ * socket directory (/var/run/postgresql, then /tmp) when the server's socket is there and this
+ * process may read and write it, else `localhost` over TCP (libpq would fail there instead); with
+ * `env` it is always `localhost`.
  *
  * Error messages name the problem and its index in `dsn` (or the environment variable), but
  * never a value, so they cannot reveal a password.
@@ -154,7 +162,10 @@ export function parseDsn(
   const uri = uriBounds(dsn);
   if (uri === undefined) parseKeywordValue(dsn, settings);
   else parseUri(dsn, uri, settings);
-  return resolve(settings, env === undefined ? runtimeEnv : (name) => readEnv(env, name));
+  // The socket directory default looks at the file system: only for the real environment.
+  return env === undefined
+    ? resolve(settings, runtimeEnv, defaultHost)
+    : resolve(settings, (name) => readEnv(env, name), () => DEFAULT_HOST);
 }
 
 /**
@@ -264,6 +275,59 @@ const TARGET_SESSION_ATTRS: readonly TargetSessionAttrs[] = [
 
 const DEFAULT_HOST = "localhost";
 const DEFAULT_PORT = 5432;
+/**
+ * Where libpq looks for the server's socket when no host is given: its compiled-in
+ * DEFAULT_PGSOCKET_DIR, /var/run/postgresql on Debian-family builds and /tmp upstream.
+ */
+export const DEFAULT_SOCKET_DIRS: readonly string[] = ["/var/run/postgresql", "/tmp"];
+
+/**
+ * libpq's default host for `port`: the first of {@linkcode DEFAULT_SOCKET_DIRS} that holds the
+ * socket `.s.PGSQL.<port>` and that this process may read and write without a prompt; else
+ * `localhost` (where libpq would fail on a missing socket, this falls back to TCP).
+ *
+ * @param port The port, which names the socket file.
+ * @param dirs The directories to look in.
+ * @returns A socket directory or `localhost`.
+ */
+export function defaultHost(port: number, dirs: readonly string[] = DEFAULT_SOCKET_DIRS): string {
+  // Looked up at most once a second per port and directory list: parsing is on hot paths.
+  const key = `${port}:${dirs.join(":")}`;
+  const cached = defaultHosts.get(key);
+  const now = performance.now();
+  if (cached !== undefined && now - cached.at < 1000) return cached.host;
+  const host = lookUpDefaultHost(port, dirs);
+  defaultHosts.set(key, { host, at: now });
+  return host;
+}
+
+const defaultHosts = new Map<string, { host: string; at: number }>();
+
+function lookUpDefaultHost(port: number, dirs: readonly string[]): string {
+  const deno = (globalThis as {
+    Deno?: {
+      build: { os: string };
+      permissions: { querySync(d: { name: string; path: string }): { state: string } };
+    };
+  }).Deno;
+  const os = deno?.build.os ?? process.platform;
+  if (os === "windows" || os === "win32") return DEFAULT_HOST;
+  for (const dir of dirs) {
+    try {
+      if (
+        deno &&
+        (deno.permissions.querySync({ name: "read", path: dir }).state !== "granted" ||
+          deno.permissions.querySync({ name: "write", path: dir }).state !== "granted")
+      ) {
+        continue;
+      }
+      if (statSync(`${dir}/.s.PGSQL.${port}`).isSocket()) return dir;
+    } catch {
+      // Missing or not permitted: the next one.
+    }
+  }
+  return DEFAULT_HOST;
+}
 /** The longest `connect_timeout` whose milliseconds a timer can still wait (2^31 - 1 ms). */
 const MAX_CONNECT_TIMEOUT_S = 2147483;
 
@@ -800,7 +864,11 @@ interface Source {
   readonly where: string;
 }
 
-function resolve(settings: Map<string, Setting>, env: EnvReader): ConnectionParams {
+function resolve(
+  settings: Map<string, Setting>,
+  env: EnvReader,
+  hostFor: (port: number) => string,
+): ConnectionParams {
   /** The DSN's value (even empty: that blocks the environment, as in libpq), else the variable's. */
   const pick = (keyword: string, variable: string | undefined): Source | undefined => {
     const setting = settings.get(keyword);
@@ -823,6 +891,7 @@ function resolve(settings: Map<string, Setting>, env: EnvReader): ConnectionPara
       pick("host", "PGHOST"),
       pick("hostaddr", undefined),
       pick("port", "PGPORT"),
+      hostFor,
     ),
     user: text("user", "PGUSER"),
     password: text("password", "PGPASSWORD"),
@@ -846,6 +915,7 @@ function resolveHosts(
   host: Source | undefined,
   hostaddr: Source | undefined,
   port: Source | undefined,
+  hostFor: (port: number) => string,
 ): readonly DsnHost[] {
   const names = (host?.value ?? "").split(",").map((h) => h.trim());
   const addresses = hostaddr === undefined || hostaddr.value === ""
@@ -871,12 +941,10 @@ function resolveHosts(
       }`,
     );
   }
-  return Object.freeze(targets.map((name, i) =>
-    Object.freeze({
-      host: name === "" ? DEFAULT_HOST : name,
-      port: ports.length === 1 ? ports[0] ?? DEFAULT_PORT : ports[i] ?? DEFAULT_PORT,
-    })
-  ));
+  return Object.freeze(targets.map((name, i) => {
+    const at = ports.length === 1 ? ports[0] ?? DEFAULT_PORT : ports[i] ?? DEFAULT_PORT;
+    return Object.freeze({ host: name === "" ? hostFor(at) : name, port: at });
+  }));
 }
 
 function parsePort(text: string, where: string): number {

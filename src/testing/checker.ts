@@ -142,8 +142,11 @@ export type TermEndSource =
   | "killed"
   | "open";
 
-/** One leadership term as rebuilt by the checker. */
-export interface Term {
+/**
+ * One leadership term as rebuilt by the checker from candidates' logs (not the library's `Term`,
+ * the scope a leader's work gets).
+ */
+export interface ObservedTerm {
   /** The candidate's name. */
   readonly candidate: string;
   /** The candidate's pid. */
@@ -184,7 +187,7 @@ export interface Violation {
 /** The checker's verdict. */
 export interface CheckReport {
   /** Every term, by start. */
-  readonly terms: readonly Term[];
+  readonly terms: readonly ObservedTerm[];
   /** Everything wrong; empty when the run was correct. */
   readonly violations: readonly Violation[];
   /** The longest time two terms overlapped, in ms (0 when none did). */
@@ -312,7 +315,7 @@ export function checkTerms(
       `Cannot check terms as 'maxLeaderlessMs' must be a number >= 0: current value is ${bound}`,
     );
   }
-  const terms: Term[] = [];
+  const terms: ObservedTerm[] = [];
   const violations: Violation[] = [];
   const notes: string[] = [];
   let skew: number | undefined;
@@ -486,7 +489,7 @@ function observedWindow(
  * an excused interval interrupts counts as two.
  */
 function leaderlessStretches(
-  terms: readonly Term[],
+  terms: readonly ObservedTerm[],
   excused: readonly TimeInterval[],
   window: TimeInterval,
 ): TimeInterval[] {
@@ -505,8 +508,8 @@ function leaderlessStretches(
   return stretches;
 }
 
-function termsOf(log: CandidateLog, violations: Violation[], notes: string[]): Term[] {
-  const terms: Term[] = [];
+function termsOf(log: CandidateLog, violations: Violation[], notes: string[]): ObservedTerm[] {
+  const terms: ObservedTerm[] = [];
   const { records, name } = log;
   const pid = records.find((r) => typeof r.pid === "number")?.pid;
   let open: OpenTerm | undefined;
@@ -597,10 +600,10 @@ function termsOf(log: CandidateLog, violations: Violation[], notes: string[]): T
  */
 function applyFreezes(
   log: CandidateLog,
-  terms: Term[],
+  terms: ObservedTerm[],
   violations: Violation[],
   notes: string[],
-): Term[] {
+): ObservedTerm[] {
   const { freezes = [], leaseMs, records, name } = log;
   return terms.map((term) => {
     let result = term;
@@ -661,7 +664,7 @@ function parseToken(token: unknown): bigint | undefined {
   return BigInt(token);
 }
 
-function describeTerm(term: Term): string {
+function describeTerm(term: ObservedTerm): string {
   return `${term.candidate}'s term ${term.token}`;
 }
 

@@ -109,6 +109,7 @@ export async function startPgBouncer(
   }
   const user = await serviceUser();
   const dir = await Deno.realPath(await Deno.makeTempDir({ prefix: "pgleaderlock-bouncer-" }));
+  trackDir(dir);
   for (let attempt = 1;; attempt++) {
     const port = freePort();
     const ini = join(dir, "pgbouncer.ini");
@@ -163,9 +164,49 @@ export async function startPgBouncer(
     const log = await bouncer.log();
     await bouncer.close({ keepDir: true });
     if (attempt < 3 && /Address already in use/.test(log)) continue;
-    await Deno.remove(dir, { recursive: true }).catch(() => {});
+    await removeDir(dir);
     throw new Error(`PgBouncer did not start:\n${log.trim().split("\n").slice(-15).join("\n")}`);
   }
+}
+
+/** PgBouncer folders not removed yet: removed when the process exits, whatever happened. */
+const liveDirs = new Set<string>();
+let exitHook = false;
+
+function trackDir(dir: string): void {
+  liveDirs.add(dir);
+  if (exitHook) return;
+  exitHook = true;
+  globalThis.addEventListener("unload", () => {
+    for (const left of liveDirs) {
+      try {
+        Deno.removeSync(left, { recursive: true });
+      } catch {
+        // Gone already, or not ours to remove any more.
+      }
+    }
+  });
+}
+
+/**
+ * Removes a PgBouncer folder, retrying a few times: a file PgBouncer writes while the folder is
+ * being removed makes one recursive removal fail (ENOTEMPTY).
+ */
+async function removeDir(dir: string): Promise<void> {
+  for (let attempt = 1;; attempt++) {
+    try {
+      await Deno.remove(dir, { recursive: true });
+      break;
+    } catch (error) {
+      if (error instanceof Deno.errors.NotFound) break;
+      if (attempt >= 5) {
+        console.error(`pgleaderlock testing: cannot remove ${dir}: ${error}`);
+        return; // the exit hook tries once more
+      }
+      await new Promise((resolve) => setTimeout(resolve, 50 * attempt));
+    }
+  }
+  liveDirs.delete(dir);
 }
 
 class PgBouncerImpl implements TestPgBouncer {
@@ -219,7 +260,7 @@ class PgBouncerImpl implements TestPgBouncer {
       await this.#child.stdin.close().catch(() => {});
       this.#child.ref();
       await this.#child.status;
-      if (!options.keepDir) await Deno.remove(this.#dir, { recursive: true }).catch(() => {});
+      if (!options.keepDir) await removeDir(this.#dir);
     })();
     return this.#closing;
   }
