@@ -43,6 +43,7 @@ export const LOCK_FLAGS: FlagSpecs = {
   "no-auto-reacquire": "switch",
   identity: "value",
   "acquire-mode": "value",
+  takeover: "value",
   timeout: "value",
   http: "value",
   json: "switch",
@@ -71,6 +72,10 @@ Timing (seconds):
   --no-auto-reacquire      After losing leadership, stop instead of competing again.
   --acquire-mode MODE      wait (queue in PostgreSQL, take over within milliseconds) or poll
                            (try-lock every retry delay, like the Python library). Default: wait.
+  --takeover MODE          fast (announce a lock taken from a dead session after the settle)
+                           or safe (only once the old leader's lease has surely ended: no two
+                           leaders even if it is frozen or cut off; takeovers take a lease).
+                           Handovers (step-down, SIGTERM) are immediate either way. Default: fast.
   --timeout S              Give up (exit ${EXIT_TIMEOUT}) when not leader S seconds after starting,
                            like 'etcdctl lock --timeout'. Default: wait for ever.
 Output:
@@ -331,6 +336,13 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
       command,
     );
   }
+  const takeover = get("takeover") ?? "fast";
+  if (takeover !== "fast" && takeover !== "safe") {
+    throw new UsageError(
+      `option '--takeover' must be 'fast' or 'safe': got '${takeover}'`,
+      command,
+    );
+  }
   const identity = get("identity");
   if (identity !== undefined && identity === "") {
     throw new UsageError("option '--identity' must not be empty", command);
@@ -362,6 +374,7 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
       ...(reconnectGraceMs !== undefined ? { reconnectGraceMs } : {}),
       autoReacquire: !flags.has("no-auto-reacquire"),
       acquireMode: mode satisfies AcquireMode,
+      takeover,
       ...(identity !== undefined ? { identity } : {}),
     },
     name,

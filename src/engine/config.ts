@@ -10,6 +10,12 @@ import type { Connector } from "./session.ts";
 /** How a follower competes for the lock. */
 export type AcquireMode = "wait" | "poll";
 
+/**
+ * How a new holder announces a lock that was not handed over: after `settleMs` (`"fast"`), or
+ * once the previous holder's lease has surely ended (`"safe"`). See `LeaderLockOptions.takeover`.
+ */
+export type TakeoverMode = "fast" | "safe";
+
 /** Everything a running lock needs, validated, with every default decided. Frozen. */
 export interface LockConfig {
   /** The lock's name, when it was given one. */
@@ -36,6 +42,8 @@ export interface LockConfig {
   readonly autoReacquire: boolean;
   /** See `LeaderLockOptions.settleMs`. */
   readonly settleMs: number;
+  /** See `LeaderLockOptions.takeover`. */
+  readonly takeover: TakeoverMode;
   /** See `LeaderLockOptions.signal`. */
   readonly signal: AbortSignal | undefined;
   /** The settings every session of the lock runs under. */
