@@ -128,7 +128,10 @@ export interface LeaderLockOptions extends ConnectionOptions {
    *   `stepDown()` or `shutdown()` gives the lock up.
    *
    * Handovers (`stepDown()`, `shutdown()`, SIGTERM in the CLI) are announced at once either way.
-   * Every candidate of a lock must use the same `leaseMs` (a shorter one is safe too).
+   * Every candidate of a lock must use the same `leaseMs` (a shorter one is safe too). The one
+   * gap is the release marker's own: a holder that was handed the lock and whose backend is
+   * terminated within the marker's 50 ms while it cannot hear of it is succeeded at once (the
+   * next holder sees the earlier handover's marker).
    *
    * @default {"fast"}
    */
