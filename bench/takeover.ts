@@ -197,7 +197,7 @@ function markdown(meta: Record<string, unknown>, cells: Cell[]): string {
       (meta.loadavgStart as number[]).join(" ")
     } at start, ${(meta.loadavgEnd as number[]).join(" ")} at end, ${meta.elapsedS} s.`,
     "",
-    `Three candidates, healthIntervalMs ${TIMINGS.healthIntervalMs}, leaseMs ${TIMINGS.leaseMs}, settleMs 10, ${TRIALS} trials per cell. **Failover**: fault -> the next leader's \`acquired\`, ms min / p50 / max. **Overlap**: terms that overlapped another / all terms (max ms), from the kit's checker.`,
+    `Three candidates, healthIntervalMs ${TIMINGS.healthIntervalMs}, leaseMs ${TIMINGS.leaseMs}, settleMs 10, ${TRIALS} trials per cell. **Failover**: fault -> the next leader's \`acquired\`, ms min / p50 / max. **Overlap**: pairs of overlapping terms / all terms of the fleet (max ms), from the kit's checker.`,
     "",
     "| fault | kind | fast: failover | fast: overlap | safe: failover | safe: overlap |",
     "| --- | --- | ---: | ---: | ---: | ---: |",
