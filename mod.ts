@@ -33,6 +33,7 @@ export {
   type ShutdownOptions,
   type StartOptions,
   type StepDownOptions,
+  type TakeoverMode,
   type WaitForLeadershipOptions,
 } from "./src/lock/leader_lock.ts";
 export type { Term, TermTransaction } from "./src/engine/term.ts";

@@ -28,7 +28,7 @@
  * - `step-down`: calls `lock.stepDown()`.
  *
  * Config: JSON in the first argument: `dsn`, `key1`, `key2`, `settleMs`, `retryIntervalMs`,
- * `termWrites`.
+ * `termWrites`, and optionally `takeover`, `healthIntervalMs`, `leaseMs`.
  *
  * @module
  */
@@ -50,6 +50,12 @@ export interface SettleCandidateConfig {
   retryIntervalMs: number;
   /** Also write the token through `term.query` on the lock's own session at every tick. */
   termWrites?: boolean;
+  /** The lock's `takeover` (the library's default when absent). */
+  takeover?: "fast" | "safe";
+  /** The lock's `healthIntervalMs` (the library's default when absent). */
+  healthIntervalMs?: number;
+  /** The lock's `leaseMs` (the library's default when absent). */
+  leaseMs?: number;
 }
 
 /** What the candidate can see of a term (the lead's `Term`, read defensively). */
@@ -115,6 +121,9 @@ async function main(args: string[]): Promise<void> {
     key1: config.key1,
     key2: config.key2,
     settleMs: config.settleMs,
+    ...(config.takeover !== undefined ? { takeover: config.takeover } : {}),
+    ...(config.healthIntervalMs !== undefined ? { healthIntervalMs: config.healthIntervalMs } : {}),
+    ...(config.leaseMs !== undefined ? { leaseMs: config.leaseMs } : {}),
     connect,
     retryStrategy: new FixedInterval({ intervalMs: config.retryIntervalMs }),
     signal: controller.signal,

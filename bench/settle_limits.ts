@@ -8,7 +8,14 @@
  * deno run -A bench/settle_limits.ts --quick   # ~1 min -> bench/results/quick/settle_limits.*
  * deno run -A bench/settle_limits.ts --trials 5 --only latency,block --settle 10 --out /tmp/x
  * deno run -A bench/settle_limits.ts --report-only bench/results/settle_limits.json  # redraw .md
+ * deno run -A bench/settle_limits.ts --quick --takeover safe --out bench/results/takeover
  * ```
+ *
+ * `--takeover safe` runs the candidates with `takeover: "safe"` (the new leader of a lock that
+ * was not handed over announces a lease after its grant) and, unless `--health`/`--lease` say
+ * otherwise, `healthIntervalMs: 1000, leaseMs: 3000` so that a trial does not wait 15 s (and a
+ * handover's first check, a 300 ms round trip at 150 ms latency, fits the grant's window); only
+ * `settleMs` 10 (the settle plays no part in a safe takeover).
  *
  * Two candidate processes (`bench/_settle_candidate.ts`) compete for one lock: A leads, B waits
  * in PostgreSQL's lock queue. Each trial terminates A's backend (`pg_terminate_backend` from the
@@ -21,6 +28,8 @@
  *   `block-start`, the bench kills at once).
  * - **nice 19**: A runs at nice 19, beside 4 busy processes (`sh -c 'while :; do :; done'`) at
  *   nice 0, on the machine's cores; B runs at nice 0. A and B connect directly.
+ * - **partition**: A's proxy holds every byte (a blackhole) from just before the kill until A's
+ *   claim ends: A hears of nothing until its lease runs out.
  *
  * Each at `settleMs` 10 (the default) and 100; the baseline also at 0. The old leader's claim
  * ends when its `isLeader` goes false (`claim-end`: its `statechange` out of `leader`, or its
@@ -55,7 +64,8 @@ type Scenario =
   | { kind: "baseline" }
   | { kind: "latency"; ms: number }
   | { kind: "block"; ms: number }
-  | { kind: "nice" };
+  | { kind: "nice" }
+  | { kind: "partition" };
 
 /** One trial's measurements; times are milliseconds after the kill unless named otherwise. */
 interface TrialResult {
@@ -148,7 +158,14 @@ function flag(name: string): string | undefined {
 const TRIALS = Number(flag("--trials") ?? (QUICK ? 3 : 20));
 const NICE_TRIALS = Number(flag("--trials") ?? (QUICK ? 3 : 15));
 const ONLY = flag("--only")?.split(",");
-const SETTLES = (flag("--settle") ?? "10,100").split(",").map(Number);
+const TAKEOVER = flag("--takeover") ?? "fast";
+if (TAKEOVER !== "fast" && TAKEOVER !== "safe") {
+  throw new TypeError(`--takeover must be fast or safe: got ${TAKEOVER}`);
+}
+const SAFE = TAKEOVER === "safe";
+const HEALTH_MS = flag("--health") ?? (SAFE ? "1000" : undefined);
+const LEASE_MS = flag("--lease") ?? (SAFE ? "3000" : undefined);
+const SETTLES = (flag("--settle") ?? (SAFE ? "10" : "10,100")).split(",").map(Number);
 const LATENCIES = QUICK ? [20, 150] : [5, 20, 50, 150];
 const BLOCKS = [50, 200];
 const BUSY_PROCESSES = 4;
@@ -180,6 +197,8 @@ function scenarioName(s: Scenario): string {
     ? "baseline"
     : s.kind === "nice"
     ? "nice 19 + 4 busy"
+    : s.kind === "partition"
+    ? "partition + backend kill"
     : `${s.kind} ${s.ms} ms`;
 }
 
@@ -456,6 +475,9 @@ async function startPair(
     settleMs,
     retryIntervalMs: 50,
     termWrites: options.termWrites,
+    ...(SAFE ? { takeover: "safe" as const } : {}),
+    ...(HEALTH_MS !== undefined ? { healthIntervalMs: Number(HEALTH_MS) } : {}),
+    ...(LEASE_MS !== undefined ? { leaseMs: Number(LEASE_MS) } : {}),
   });
   const started: Candidate[] = [];
   try {
@@ -516,6 +538,7 @@ async function trial(pair: Pair, scenario: Scenario, index: number): Promise<Tri
     await a.send(`block ${scenario.ms}`);
     blockStart = await a.next("block-start", before);
   }
+  if (scenario.kind === "partition") pair.aProxy!.setMode("blackhole");
   const killAt = now();
   const killed = await admin.query(
     `SELECT pg_catalog.pg_terminate_backend($1),
@@ -523,10 +546,16 @@ async function trial(pair: Pair, scenario: Scenario, index: number): Promise<Tri
     [backendPid],
   );
   const killedOnServer = Number(killed.rows[0]?.at);
-  const [announced, claimEnd] = await Promise.all([
-    b.next("acquired", killAt),
-    a.next("claim-end", killAt, TIMEOUT_MS, (e) => e.token === oldToken),
-  ]);
+  let announced: CandidateEvent, claimEnd: CandidateEvent;
+  try {
+    [announced, claimEnd] = await Promise.all([
+      b.next("acquired", killAt),
+      a.next("claim-end", killAt, TIMEOUT_MS, (e) => e.token === oldToken),
+    ]);
+  } finally {
+    // A partitioned leader hears of nothing until its lease runs out: heal once its claim ended.
+    if (scenario.kind === "partition") pair.aProxy!.setMode("pass");
+  }
   let blockEnd: CandidateEvent | undefined;
   let termQuery: CandidateEvent | undefined;
   if (scenario.kind === "block") {
@@ -701,7 +730,13 @@ function markdown(meta: Record<string, unknown>, cells: CellResult[]): string {
       (meta.loadavgStart as number[]).join(" ")
     }, at end ${
       (meta.loadavgEnd as number[]).join(" ")
-    } (the machine is shared). ${meta.elapsedS} s.`,
+    } (the machine is shared). ${meta.elapsedS} s.${
+      meta.takeover === undefined
+        ? ""
+        : ` Candidates: \`takeover: "${meta.takeover}"\`, healthIntervalMs ${
+          meta.healthIntervalMs ?? "default"
+        }, leaseMs ${meta.leaseMs ?? "default"}.`
+    }`,
     "",
     "Times in ms after `pg_terminate_backend` of the leader's backend. **Overlap**: the old leader's",
     "`isLeader` went false this long after the new leader's `acquired` (trials with overlap / all;",
@@ -824,13 +859,16 @@ async function main(): Promise<void> {
     ...LATENCIES.map((ms) => ({ kind: "latency", ms })),
     ...BLOCKS.map((ms) => ({ kind: "block", ms })),
     { kind: "nice" },
+    { kind: "partition" },
   ] as Scenario[]).filter((s) => !ONLY || ONLY.includes(s.kind));
   const cells: CellResult[] = [];
   const errors: string[] = [];
   try {
     for (const scenario of scenarios) {
       // Without a settle, for contrast: how often the plain kill alone overlaps.
-      const settles = scenario.kind === "baseline" && !flag("--settle") ? [0, ...SETTLES] : SETTLES;
+      const settles = scenario.kind === "baseline" && !flag("--settle") && !SAFE
+        ? [0, ...SETTLES]
+        : SETTLES;
       for (const settleMs of settles) {
         try {
           cells.push(
@@ -861,6 +899,9 @@ async function main(): Promise<void> {
     loadavgStart,
     loadavgEnd: Deno.loadavg().map((x) => round(x, 2)),
     elapsedS: round((performance.now() - started) / 1000, 0),
+    takeover: TAKEOVER,
+    healthIntervalMs: HEALTH_MS === undefined ? undefined : Number(HEALTH_MS),
+    leaseMs: LEASE_MS === undefined ? undefined : Number(LEASE_MS),
     errors,
   };
   await Deno.mkdir(OUT, { recursive: true });

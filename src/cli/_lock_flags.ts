@@ -11,6 +11,7 @@ import {
   ExponentialBackoff,
   LeaderLock,
   type LeaderLockOptions,
+  type TakeoverMode,
 } from "../../mod.ts";
 import { lockKeys } from "../engine/lock_name.ts";
 import {
@@ -41,6 +42,7 @@ export const LOCK_FLAGS: FlagSpecs = {
   "no-auto-reacquire": "switch",
   identity: "value",
   "acquire-mode": "value",
+  takeover: "value",
   timeout: "value",
   http: "value",
   json: "switch",
@@ -69,6 +71,10 @@ Timing (seconds):
   --no-auto-reacquire      After losing leadership, stop instead of competing again.
   --acquire-mode MODE      wait (queue in PostgreSQL, take over within milliseconds) or poll
                            (try-lock every retry delay, like the Python library). Default: wait.
+  --takeover MODE          fast (announce a lock taken from a dead session after the settle)
+                           or safe (only once the old leader's lease has surely ended: no two
+                           leaders even if it is frozen or cut off; takeovers take a lease).
+                           Handovers (step-down, SIGTERM) are immediate either way. Default: fast.
   --timeout S              Give up (exit ${EXIT_TIMEOUT}) when not leader S seconds after starting,
                            like 'etcdctl lock --timeout'. Default: wait for ever.
 Output:
@@ -313,6 +319,7 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
   const reconnectGraceMs = time("reconnect-grace", 0);
   const timeoutMs = time("timeout", 0.001);
   const mode = (get("acquire-mode") ?? "wait") as AcquireMode;
+  const takeover = (get("takeover") ?? "fast") as TakeoverMode;
   const identity = get("identity");
   const httpText = get("http");
   const http = httpText === undefined ? undefined : listenAddress(command, "http", httpText);
@@ -337,6 +344,7 @@ export function lockSettings(command: string, flags: ReadonlyMap<string, string>
     ...(reconnectGraceMs !== undefined ? { reconnectGraceMs } : {}),
     autoReacquire: !flags.has("no-auto-reacquire"),
     acquireMode: mode,
+    takeover,
     ...(identity !== undefined ? { identity } : {}),
   };
   // The library checks its options (lease vs health interval, acquire mode, identity) in one
@@ -369,6 +377,7 @@ const FLAG_OF: Readonly<Record<string, string>> = {
   healthIntervalMs: "health-interval",
   reconnectGraceMs: "reconnect-grace",
   acquireMode: "acquire-mode",
+  takeover: "takeover",
   autoReacquire: "no-auto-reacquire",
   identity: "identity",
   name: "name",

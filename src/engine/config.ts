@@ -11,6 +11,12 @@ import type { Connector } from "./session.ts";
 export type AcquireMode = "wait" | "poll";
 
 /**
+ * How a new holder announces a lock that was not handed over: after `settleMs` (`"fast"`), or
+ * once the previous holder's lease has surely ended (`"safe"`). See `LeaderLockOptions.takeover`.
+ */
+export type TakeoverMode = "fast" | "safe";
+
+/**
  * What both faces ({@linkcode LeaderLock} and {@linkcode LeaderGroup}) resolve the same way, in
  * one place (`resolveCommonOptions` in `options.ts`). Frozen.
  */
@@ -47,6 +53,8 @@ export interface LockConfig extends CommonConfig {
   readonly reconnectGraceMs: number | undefined;
   /** See `LeaderLockOptions.autoReacquire`. */
   readonly autoReacquire: boolean;
+  /** See `LeaderLockOptions.takeover`. */
+  readonly takeover: TakeoverMode;
   /** The settings every session of the lock runs under. */
   readonly settings: Readonly<Record<string, string>>;
 }

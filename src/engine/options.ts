@@ -7,10 +7,10 @@
  *
  * @module
  */
-import type { AcquireMode, CommonConfig, LockConfig } from "./config.ts";
+import type { AcquireMode, CommonConfig, LockConfig, TakeoverMode } from "./config.ts";
 import { type ConnectionOptions, makeConnector } from "../pg/connector.ts";
 
-export type { AcquireMode, CommonConfig, LockConfig };
+export type { AcquireMode, CommonConfig, LockConfig, TakeoverMode };
 import { MAX_DURATION_MS, sessionSettings } from "./protocol.ts";
 import { ExponentialBackoff, type RetryStrategy } from "./retry.ts";
 import { lockKeys } from "./lock_name.ts";
@@ -115,6 +115,31 @@ export interface LeaderLockOptions extends ConnectionOptions {
    */
   settleMs?: number;
   /**
+   * When a new holder announces a lock that was not handed over (the previous holder's session
+   * ended: killed, frozen, cut off, restarted; no release marker seen).
+   *
+   * - `"fast"`: after `settleMs`. Takeovers take milliseconds, but a previous holder that cannot
+   *   hear of the end of its session (frozen, or cut off while the server ends it) may still
+   *   believe it leads, until its lease runs out: fenced writes (`term.query()`, tokens) are what
+   *   keeps its work out.
+   * - `"safe"`: once the longest time the previous holder could still believe it leads has
+   *   passed: `leaseMs` after this process received the grant, on its monotonic clock. Takeovers
+   *   take a lease longer (about two after a freeze or a partition: the server ends the silent
+   *   session a lease after its last statement first), and no two processes believe they lead
+   *   at the same instant, fenced or not. Meanwhile the new holder stays `acquiring`, keeps its
+   *   session and the server's lease with an ownership check every `healthIntervalMs`, and a
+   *   `stepDown()` or `shutdown()` gives the lock up.
+   *
+   * Handovers (`stepDown()`, `shutdown()`, SIGTERM in the CLI) are announced at once either way.
+   * Every candidate of a lock must use the same `leaseMs` (a shorter one is safe too). The one
+   * gap is the release marker's own: a holder that was handed the lock and whose backend is
+   * terminated within the marker's 50 ms while it cannot hear of it is succeeded at once (the
+   * next holder sees the earlier handover's marker).
+   *
+   * @default {"fast"}
+   */
+  takeover?: TakeoverMode;
+  /**
    * OpenTelemetry metrics and spans through `npm:@opentelemetry/api`: `true` records through the
    * global providers (a no-op until the application configures an SDK; Deno's built-in export
    * picks them up), an object through the given ones. Without it (or with `false`) no
@@ -127,6 +152,26 @@ export interface LeaderLockOptions extends ConnectionOptions {
 }
 
 const ACQUIRE_MODES: readonly AcquireMode[] = ["wait", "poll"];
+
+const TAKEOVER_MODES: readonly TakeoverMode[] = ["fast", "safe"];
+
+/**
+ * Checks the `takeover` option of a face.
+ *
+ * @param where The start of the message ("Cannot create LeaderLock").
+ * @param value The option's value (`undefined` for the default).
+ * @returns The mode, `"fast"` by default.
+ * @throws {TypeError} When it is neither `"fast"` nor `"safe"`.
+ */
+export function checkTakeover(where: string, value: unknown): TakeoverMode {
+  if (value === undefined) return "fast";
+  if (!TAKEOVER_MODES.includes(value as TakeoverMode)) {
+    throw new TypeError(
+      `${where} as 'takeover' must be "fast" or "safe": current value is ${describe(value)}`,
+    );
+  }
+  return value as TakeoverMode;
+}
 
 /** The two public faces over the engine, as error messages name them. */
 export type Face = "LeaderLock" | "LeaderGroup";
@@ -293,6 +338,7 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
       }`,
     );
   }
+  const takeover = checkTakeover("Cannot create LeaderLock", options.takeover);
   const settings = Object.freeze(sessionSettings({ identity, waitWindowMs, leaseMs }));
   return Object.freeze({
     ...common,
@@ -300,6 +346,7 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
     waitWindowMs,
     reconnectGraceMs,
     autoReacquire,
+    takeover,
     settings,
   });
 }

@@ -118,6 +118,10 @@ export class Election {
   #term: CurrentTerm | undefined;
   #stepDown: PromiseWithResolvers<void> | undefined;
   #stepDownRequested = new AbortController();
+  /** While a grant waits out the previous holder's lease (`takeover: "safe"`). */
+  #outwaiting:
+    | { readonly giveUp: AbortController; readonly over: PromiseWithResolvers<void> }
+    | undefined;
   #finished: Promise<void> | undefined;
   /** How long the release waits for the term's work (set by the stop or step-down request). */
   #drainMs = 0;
@@ -271,11 +275,22 @@ export class Election {
    * @param timeoutMs When it passes, the socket is closed anyway and this rejects.
    * @param drainMs How long to wait for the term's work to return before unlocking.
    * @param yieldMs How long to stay out of the queue after the unlock (autoReacquire).
-   * @returns Settles when the lock was released, or at once when not leader.
+   * @returns Settles when the lock was released, or at once when not leader. A grant waiting out
+   * the previous holder's lease (`takeover: "safe"`) is given up: it settles once its session is
+   * closed.
    * @throws {LockError} When the unlock found the lock not held.
    * @throws {ShutdownError} When `timeoutMs` passed first.
    */
   async stepDown(timeoutMs: number, drainMs = 0, yieldMs = 0): Promise<void> {
+    const outwaiting = this.#outwaiting;
+    if (outwaiting && this.#state === "acquiring") {
+      // A grant not announced yet: given up, and competing again after the yield. (A lock
+      // regained while reconnecting keeps waiting: the reconnect phase owns that grant.)
+      this.#yieldMs = yieldMs;
+      outwaiting.giveUp.abort();
+      await this.#owner.within(outwaiting.over.promise, timeoutMs, "stepDown");
+      return;
+    }
     if (this.#state !== "leader") return;
     this.#drainMs = drainMs;
     this.#yieldMs = yieldMs;
@@ -366,6 +381,7 @@ export class Election {
    * sent as soon as the term starts, arms the full lease on the server.
    */
   async #becomeLeader(acquisition: Acquisition, sentAt: number, regained: boolean): Promise<Phase> {
+    const answeredAt = this.#clock();
     this.#acquirer.granted();
     const { leaseMs, settleMs } = this.#config;
     const lease = new Lease(leaseMs, this.#clock);
@@ -380,7 +396,10 @@ export class Election {
       facts: this.#owner.facts!,
       clock: this.#clock,
     });
-    if (!acquisition.handedOver && settleMs > 0) {
+    if (!acquisition.handedOver && this.#config.takeover === "safe") {
+      const next = await this.#outwait(state, answeredAt);
+      if (next) return next;
+    } else if (!acquisition.handedOver && settleMs > 0) {
       const settledAt = this.#clock() + settleMs;
       // Acknowledge the grant while settling: the server arms the full lease.
       if (!(await this.#acknowledge(state))) return DONE;
@@ -406,6 +425,71 @@ export class Election {
       new RenewedEvent(state.token, lease.deadline),
     ]);
     return { kind: "lead" };
+  }
+
+  /**
+   * `takeover: "safe"`: holds a grant that was not handed over, unannounced (`acquiring`), until
+   * the previous holder's claim has surely ended: `leaseMs` after the grant's answer arrived here.
+   *
+   * Why that is enough: the previous holder counts itself leader until `s + leaseMs - margin` on
+   * its monotonic clock, where `s` is when it sent its last statement that answered (an
+   * ownership check or a fenced statement), and `margin` is `leaseMarginMs(leaseMs)` (10 % of the
+   * lease, 5 ms to 1 s). That statement ran on the server while its session still held the lock,
+   * so before this grant, which happened before its answer arrived here: `s < answeredAt`. This
+   * process announces at `answeredAt + leaseMs`, so the two claims are apart by at least the
+   * margin plus `answeredAt - s` (the latency of the grant's answer at the least), which absorbs
+   * timer lateness and the rate difference of two monotonic clocks (parts per million). The send
+   * time of the grant statement would not do: a follower queued in a wait window sent it before
+   * the holder's later checks. What it assumes: every candidate's `leaseMs` is at most this
+   * one's, and the previous holder's monotonic clock runs while it is paused (CLOCK_MONOTONIC
+   * does under SIGSTOP and CPU starvation; a host suspended as a whole is beyond any lease).
+   *
+   * Meanwhile the grant is acknowledged at once and checked every `healthIntervalMs`, which keeps
+   * the session and its server-side lease (`idle_session_timeout`) armed. A stop closes the
+   * session; a step-down gives the grant up ({@linkcode #giveUp}).
+   *
+   * @returns `undefined` once the wait is over (announce), else the next phase.
+   * @throws {PgLeaderLockError} When a check finds the lock not held or does not answer in time.
+   */
+  async #outwait(state: TermState, answeredAt: number): Promise<Phase | undefined> {
+    const announceAt = answeredAt + this.#config.leaseMs;
+    const giveUp = new AbortController();
+    const over = withResolvers<void>();
+    this.#outwaiting = { giveUp, over };
+    try {
+      if (!(await this.#acknowledge(state))) return DONE;
+      for (;;) {
+        const dueAt = state.lastCheckSentAt + this.#config.healthIntervalMs;
+        await sleep(Math.min(announceAt, dueAt) - this.#clock(), [
+          this.#stop.signal,
+          this.#owner.lost,
+          giveUp.signal,
+        ]);
+        this.#owner.throwIfLost();
+        if (this.#stopping) return DONE; // closing the session releases the lock
+        if (giveUp.signal.aborted) return await this.#giveUp();
+        if (this.#clock() >= announceAt) return undefined;
+        if (this.#clock() >= dueAt && !(await this.#acknowledge(state))) return DONE;
+      }
+    } finally {
+      this.#outwaiting = undefined;
+      over.resolve();
+    }
+  }
+
+  /**
+   * A step-down while a grant waits out the previous holder's lease: the session is closed,
+   * which frees the lock without the release marker (the unlock statement carries it), so the
+   * next holder waits out the same lease; then, with autoReacquire, a new session competes again
+   * after the yield.
+   */
+  async #giveUp(): Promise<Phase> {
+    await this.#owner.close(true);
+    this.#outwaiting?.over.resolve();
+    if (!this.#competesAgain()) return DONE;
+    this.#setState("follower");
+    if (this.#yieldMs > 0) await sleep(this.#yieldMs, [this.#stop.signal]);
+    return this.#stopping ? DONE : CONNECT;
   }
 
   /**

@@ -23,10 +23,11 @@ import {
   type LeaderLockOptions,
   type LockConfig,
   resolveOptions,
+  type TakeoverMode,
 } from "../engine/options.ts";
 import type { LockState } from "../engine/state.ts";
 
-export type { AcquireMode, LeaderLockOptions, LeaderLockTelemetryOptions, Term };
+export type { AcquireMode, LeaderLockOptions, LeaderLockTelemetryOptions, TakeoverMode, Term };
 
 /** The default of {@linkcode ShutdownOptions.drainMs}. */
 const DEFAULT_DRAIN_MS = 5000;
@@ -384,7 +385,9 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   /**
    * Gives up leadership without stopping: stops claiming at once (`isLeader` false, the term's
    * signal aborted), unlocks (verified), dispatches `released`, and, with `autoReacquire`, queues
-   * up again behind any waiting follower so that it takes over. Does nothing when not leader.
+   * up again behind any waiting follower so that it takes over. Does nothing when not leader,
+   * except with `takeover: "safe"` while a grant waits out the previous holder's lease: that
+   * grant is given up (its session closed, which frees the lock) before it was ever announced.
    *
    * @param options The timeout, the drain and the yield.
    * @returns Resolves once the lock was released.

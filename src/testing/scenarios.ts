@@ -101,6 +101,8 @@ const LIVENESS_SLACK_MS = 1000;
  *   `maxMs` of a backoff, 30 s by default).
  * - `settleMs`: a new holder of a lock whose previous holder's session ended waits it before it
  *   announces.
+ * - with `takeover: "safe"`, one more `leaseMs`: such a holder waits out the previous holder's
+ *   lease before it announces.
  * - 1000 ms: connecting (with the pooler probe behind a forwarder) and scheduling on a loaded
  *   2-core machine.
  *
@@ -119,7 +121,8 @@ export function leaderlessBoundMs(timings: Partial<CandidateConfig>): number {
   const { healthIntervalMs = 5000, settleMs = 10, retry } = timings;
   const { leaseMs = 3 * healthIntervalMs } = timings;
   const retryMs = retry?.kind === "fixed" ? retry.intervalMs : retry?.maxMs ?? 30_000;
-  return leaseMs + retryMs + settleMs + LIVENESS_SLACK_MS;
+  const takeoverMs = timings.takeover === "safe" ? leaseMs : 0;
+  return leaseMs + retryMs + settleMs + takeoverMs + LIVENESS_SLACK_MS;
 }
 
 /** Options of {@linkcode Fleet.start}. */

@@ -48,6 +48,7 @@ const USAGE_ERRORS: [string[], RegExp][] = [
   [["run", ...KEYS, "--retry-base", "5", "--retry-max", "1"], /'--retry-max' must be at least/],
   [["run", ...KEYS, "--reconnect-grace", "-1"], /'--reconnect-grace' must be a number/],
   [["run", ...KEYS, "--acquire-mode", "push"], /'--acquire-mode' must be 'wait' or 'poll'/],
+  [["run", ...KEYS, "--takeover", "slow"], /'--takeover' must be 'fast' or 'safe': got 'slow'/],
   [["run", ...KEYS, "--http", "9464"], /'--http' must be HOST:PORT/],
   [["run", ...KEYS, "--http", "127.0.0.1:70000"], /'--http' must be HOST:PORT/],
   [["run", ...KEYS, "--identity", "x".repeat(100)], /identity/],
@@ -119,6 +120,7 @@ Deno.test("the help of run shows every flag of the Python CLI, in seconds", asyn
       "--lease",
       "--identity",
       "--acquire-mode",
+      "--takeover",
       "--http",
       "--json",
     ]
