@@ -139,15 +139,25 @@ const WHERE = "Cannot create LeaderGroup";
  * and the live processes share the shards evenly, each leading floor(N/M) or ceil(N/M) of them.
  *
  * @example Lead the shards this process is given
- * ```ts ignore
+ * ```ts
  * import { LeaderGroup } from "@x/pgleaderlock";
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
- * await using group = new LeaderGroup({ dsn: "postgres://app@db/app", key1: 42, shards: 64 });
+ * await using server = await startPostgres(); // yours: a DSN such as "postgres://app@db/app"
+ * await using group = new LeaderGroup({ dsn: server.dsn, key1: 42, shards: 4 });
+ * const ended: number[] = [];
  * group.addEventListener("acquired", (e) => {
  *   console.log(`leading shard ${e.key2} with token ${e.fencingToken}`);
- *   e.signal.addEventListener("abort", () => console.log(`shard ${e.key2} ended`));
+ *   e.signal.addEventListener("abort", () => ended.push(e.key2));
+ * });
+ * const allLed = new Promise<void>((resolve) => {
+ *   group.addEventListener("acquired", () => group.leading.size === 4 && resolve());
  * });
  * await group.start();
+ * await allLed; // alone in the group, this member leads every shard
+ * await group.shutdown();
+ * assert.deepEqual(ended.sort(), [0, 1, 2, 3]);
  * ```
  */
 export class LeaderGroup extends EventTarget implements AsyncDisposable {
