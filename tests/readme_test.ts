@@ -78,14 +78,19 @@ Deno.test("every relative link in the README and docs/ points to a published fil
   for (const page of pages) {
     const markdown = await text(page);
     for (const [, target] of markdown.matchAll(/\]\(([^)\s]+)\)/g)) {
-      if (/^[a-z]+:/.test(target!) || target!.startsWith("#")) continue;
-      const path = new URL(target!.split("#")[0]!, new URL(page, ROOT));
+      if (/^[a-z]+:/.test(target!)) continue;
+      const [file, anchor] = target!.split("#");
+      const path = file === "" ? new URL(page, ROOT) : new URL(file!, new URL(page, ROOT));
       const relative = path.href.slice(ROOT.href.length);
       if (!path.href.startsWith(ROOT.href)) broken.push(`${page}: ${target} leaves the package`);
       else if (exclude.some((dir) => relative.startsWith(dir))) {
         broken.push(`${page}: ${target} is not published (${relative})`);
-      } else if (!COMING.has(relative) && !(await exists(path))) {
+      } else if (COMING.has(relative)) {
+        continue;
+      } else if (!(await exists(path))) {
         broken.push(`${page}: ${target} does not exist`);
+      } else if (anchor !== undefined && !anchors(await text(relative)).has(anchor)) {
+        broken.push(`${page}: ${target} names no heading of ${relative}`);
       }
     }
   }
@@ -97,6 +102,16 @@ Deno.test("the README stays short: under 320 lines, none over 160 characters", a
   assert(lines.length < 320, `${lines.length} lines`);
   assertEquals(lines.filter((l) => l.length > 160), []);
 });
+
+/** The anchors GitHub and JSR give the headings of a Markdown text. */
+function anchors(markdown: string): Set<string> {
+  const withoutCode = markdown.replace(/^```[\s\S]*?^```$/gm, "");
+  return new Set(
+    [...withoutCode.matchAll(/^#{1,6} (.+)$/gm)].map((m) =>
+      m[1]!.trim().toLowerCase().replace(/[^\p{L}\p{N} _-]/gu, "").replace(/ /g, "-")
+    ),
+  );
+}
 
 async function exists(url: URL): Promise<boolean> {
   try {
