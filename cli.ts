@@ -16,7 +16,7 @@
  * and exits 2; a missing Deno permission is reported before anything connects, with exit 77.
  *
  * @example Run the CLI from code
- * ```ts ignore
+ * ```ts
  * import { main } from "@x/pgleaderlock/cli";
  * import { equal } from "node:assert/strict";
  *

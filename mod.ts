@@ -1,25 +1,38 @@
 /**
- * Leader election for Deno over PostgreSQL session-level advisory locks.
+ * Leader election for Deno and Node over PostgreSQL session-level advisory locks.
  *
- * Processes that share a lock key (key1, key2) compete; the one whose database session holds the
- * advisory lock leads. When that session ends, PostgreSQL releases the lock and a follower waiting
- * in PostgreSQL's lock queue takes over within milliseconds. A lease bounds how long a partitioned
- * or frozen leader can believe it leads, and every term carries a fencing token.
+ * Processes that share a lock (a `name`, or two int32 keys) compete; the one whose database
+ * session holds the advisory lock leads. When that session ends, PostgreSQL releases the lock and
+ * a follower waiting in PostgreSQL's lock queue takes over within milliseconds. Every term of
+ * leadership has a fencing token and an `AbortSignal`, statements through the term commit only
+ * while the lock is held, and a lease bounds how long a frozen or cut-off leader can believe it
+ * leads. The README's Quick start runs the same code as a service (Ctrl-C releases the lock);
+ * the long explanations are in the package's `docs/` folder.
  *
- * @example Run a singleton job
- * ```ts ignore
+ * @example Lead once, write under the lock, release
+ * ```ts
  * import { LeaderLock } from "@x/pgleaderlock";
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
- * const controller = new AbortController();
- * await using lock = new LeaderLock({
- *   dsn: "postgres://app@db.internal/app",
- *   key1: 5001,
- *   key2: 1,
- *   signal: controller.signal,
- * });
+ * // A throwaway PostgreSQL for this example; yours is a DSN such as "postgres://app@db/app".
+ * await using server = await startPostgres();
+ * await server.query("CREATE TABLE billing_runs (ran_at timestamptz DEFAULT now(), token bigint)");
+ *
+ * await using lock = new LeaderLock({ dsn: server.dsn, name: "billing-cron" });
  * lock.addEventListener("acquired", (e) => console.log(`leading, token ${e.fencingToken}`));
- * lock.addEventListener("lost", (e) => console.log(`lost leadership: ${e.reason}`));
- * await lock.start();
+ * lock.addEventListener("released", (e) => console.log(`released, token ${e.fencingToken}`));
+ *
+ * // A service passes `signal: shutdownSignal()` to the lock instead, and leads until Ctrl-C.
+ * const stop = new AbortController();
+ * await lock.lead(async (term) => {
+ *   // Fenced: this write commits only while this process's session holds the lock.
+ *   await term.query("INSERT INTO billing_runs (token) VALUES ($1)", [term.fencingToken]);
+ *   stop.abort(); // one run is enough here: stopping releases the lock once the work returns
+ * }, { signal: stop.signal });
+ *
+ * assert.equal(lock.state, "stopped");
+ * assert.equal((await server.query("SELECT token FROM billing_runs")).length, 1);
  * ```
  *
  * @module

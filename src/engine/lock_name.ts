@@ -38,12 +38,16 @@ export const MAX_LOCK_NAME_BYTES = 255;
  * `convert_to(..., 'UTF8')` hashes the UTF-8 bytes of the name whatever the database encoding
  * (in a `SQL_ASCII` database: the bytes as the client sent them).
  *
- * @example The keys of a named lock, from a client
- * ```ts ignore
- * import { LOCK_KEYS_SQL } from "./lock_name.ts";
+ * @example The keys of a named lock, computed by the server
+ * ```ts
+ * import { LOCK_KEYS_SQL, lockKeys } from "@x/pgleaderlock";
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
- * const { rows: [keys] } = await client.query(LOCK_KEYS_SQL, ["billing-cron"]);
- * // keys: { key1: -1427753185, key2: -467379582 }
+ * await using server = await startPostgres();
+ * const [keys] = await server.query(LOCK_KEYS_SQL, ["billing-cron"]);
+ * assert.deepEqual(keys, { key1: -1427753185, key2: -467379582 });
+ * assert.deepEqual(keys, lockKeys("billing-cron"));
  * ```
  *
  * In psql: `PREPARE lock_keys(text) AS <LOCK_KEYS_SQL>;` then `EXECUTE lock_keys('billing-cron');`.

@@ -22,6 +22,9 @@ interface DenoSignals {
  * the process alive once the lock has shut down. The reason is an `Error` naming the signal.
  *
  * @example Ctrl-C releases the lock
+ *
+ * Not run by the documentation tests: it leads until the process gets SIGINT or SIGTERM.
+ *
  * ```ts ignore
  * import { LeaderLock, shutdownSignal } from "@x/pgleaderlock";
  *

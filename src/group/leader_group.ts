@@ -224,20 +224,26 @@ interface Run {
  * Many leaderships over one PostgreSQL session: a process competes for every shard of the group,
  * and the live processes share the shards evenly, each leading floor(N/M) or ceil(N/M) of them.
  *
- * @example Lead the shards this process is given, until Ctrl-C
- * ```ts ignore
- * import { LeaderGroup, shutdownSignal } from "@x/pgleaderlock";
+ * @example Lead the shards this process is given
+ * ```ts
+ * import { LeaderGroup } from "@x/pgleaderlock";
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
- * await using group = new LeaderGroup({
- *   dsn: "postgres://app@db/app",
- *   name: "invoices",
- *   shards: 64,
- *   signal: shutdownSignal(),
+ * await using server = await startPostgres(); // yours: a DSN such as "postgres://app@db/app"
+ * await using group = new LeaderGroup({ dsn: server.dsn, key1: 42, shards: 4 });
+ * const ended: number[] = [];
+ * group.addEventListener("acquired", (e) => {
+ *   console.log(`leading shard ${e.key2} with token ${e.fencingToken}`);
+ *   e.signal.addEventListener("abort", () => ended.push(e.key2));
  * });
- * await group.lead(async (term) => {
- *   console.log(`leading shard ${term.key2} with token ${term.fencingToken}`);
- *   while (!term.signal.aborted) await new Promise((r) => setTimeout(r, 1000));
+ * const allLed = new Promise<void>((resolve) => {
+ *   group.addEventListener("acquired", () => group.leading.size === 4 && resolve());
  * });
+ * await group.start();
+ * await allLed; // alone in the group, this member leads every shard
+ * await group.shutdown();
+ * assert.deepEqual(ended.sort(), [0, 1, 2, 3]);
  * ```
  */
 export class LeaderGroup extends EventTarget implements AsyncDisposable {

@@ -75,12 +75,16 @@ export interface GroupInfo {
  * role with CONNECT: pg_locks and application_name are visible for every role's sessions.
  *
  * @example How is group 42 balanced?
- * ```ts ignore
+ * ```ts
  * import { inspectGroup } from "@x/pgleaderlock";
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
- * const group = await inspectGroup({ dsn: "postgres://app@db/app", key1: 42, shards: 64 });
+ * await using server = await startPostgres(); // yours: a DSN such as "postgres://app@db/app"
+ * const group = await inspectGroup({ dsn: server.dsn, key1: 42, shards: 64 });
  * for (const member of group.members) console.log(member.identity, member.shards.length);
  * console.log(`${group.unowned?.length} unowned`);
+ * assert.equal(group.unowned?.length, 64); // no member has joined yet
  * ```
  *
  * @param options Where to connect, the group's key1 and optionally its shards.

@@ -23,12 +23,21 @@ export interface InspectLocksOptions extends ConnectionOptions {
  * Works as a plain role: sessions of other roles show what PostgreSQL lets the role see.
  *
  * @example List every advisory lock
- * ```ts ignore
- * import { inspectLocks } from "@x/pgleaderlock";
+ * ```ts
+ * import { inspectLocks, LeaderLock } from "@x/pgleaderlock";
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
- * for (const lock of await inspectLocks({ dsn: "postgres://app@db/app" })) {
- *   console.log(lock.key1, lock.key2, lock.holder?.identity, lock.waiters.length);
+ * await using server = await startPostgres(); // yours: a DSN such as "postgres://app@db/app"
+ * await using lock = new LeaderLock({ dsn: server.dsn, key1: 5001, key2: 1, identity: "a" });
+ * await lock.start();
+ * await lock.waitForLeadership();
+ *
+ * const locks = await inspectLocks({ dsn: server.dsn });
+ * for (const info of locks) {
+ *   console.log(info.key1, info.key2, info.holder?.identity, info.waiters.length);
  * }
+ * assert.equal(locks.find((info) => info.key1 === 5001)?.holder?.identity, "a");
  * ```
  *
  * @param options Where to connect, and optionally which lock.
@@ -74,11 +83,15 @@ export interface WhoLeadsOptions extends ConnectionOptions {
  * The holder of (key1, key2) and the candidates waiting for it.
  *
  * @example Who leads the scheduler?
- * ```ts ignore
+ * ```ts
  * import { whoLeads } from "@x/pgleaderlock";
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
- * const { holder, waiters } = await whoLeads({ dsn: "postgres://app@db/app", key1: 5001, key2: 1 });
+ * await using server = await startPostgres(); // yours: a DSN such as "postgres://app@db/app"
+ * const { holder, waiters } = await whoLeads({ dsn: server.dsn, key1: 5001, key2: 1 });
  * console.log(holder?.identity ?? "nobody", `${waiters.length} waiting`);
+ * assert.equal(holder, undefined); // nobody competes for it yet
  * ```
  *
  * @param options Where to connect and which lock.

@@ -124,16 +124,20 @@ export interface WaitForLeadershipOptions {
  * and a waiting follower takes it within milliseconds.
  *
  * @example Lead, then step down
- * ```ts ignore
+ * ```ts
  * import { LeaderLock } from "@x/pgleaderlock";
+ * import { startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
- * await using lock = new LeaderLock({ dsn: "postgres://app@db/app", key1: 5001, key2: 1 });
+ * await using server = await startPostgres(); // yours: a DSN such as "postgres://app@db/app"
+ * await using lock = new LeaderLock({ dsn: server.dsn, key1: 5001, key2: 1 });
  * lock.addEventListener("acquired", (e) => console.log("leading with token", e.fencingToken));
  * lock.addEventListener("lost", (e) => console.log("lost:", e.reason));
  * await lock.start();
  * if (await lock.waitForLeadership({ timeoutMs: 30_000 })) {
  *   // ... work that must run once across the fleet ...
- *   await lock.stepDown();
+ *   await lock.stepDown(); // a waiting follower takes over; alone, this one leads again soon
+ *   assert.equal(lock.isLeader, false);
  * }
  * ```
  */
@@ -418,6 +422,10 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
    * again, after the previous run has returned.
    *
    * @example Lead until Ctrl-C
+   *
+   * Not run by the documentation tests: it leads until the process gets SIGINT or SIGTERM (the
+   * module's first example is a run of the same that stops by itself).
+   *
    * ```ts ignore
    * import { LeaderLock, shutdownSignal } from "@x/pgleaderlock";
    *

@@ -77,6 +77,10 @@ export async function findPgBouncer(): Promise<string | undefined> {
  * `postgres` account; it stops when this process exits, even when killed.
  *
  * @example Session pooling in front of a throwaway server
+ *
+ * Not run by the documentation tests: it needs PgBouncer installed (`.ci/install-pgbouncer.sh`
+ * in the repository installs Debian's).
+ *
  * ```ts ignore
  * import { startPostgres } from "@x/pgleaderlock/testing";
  * import { startPgBouncer } from "@x/pgleaderlock/testing";

@@ -69,13 +69,17 @@ export interface TestCertificates extends AsyncDisposable {
  * valid for two days).
  *
  * @example A server with TLS, and a client that verifies it
- * ```ts ignore
- * import { startPostgres } from "@x/pgleaderlock/testing";
- * import { makeCertificates } from "@x/pgleaderlock/testing";
+ * ```ts
+ * import { LeaderLock } from "@x/pgleaderlock";
+ * import { makeCertificates, startPostgres } from "@x/pgleaderlock/testing";
+ * import assert from "node:assert/strict";
  *
  * await using certs = await makeCertificates();
  * await using server = await startPostgres({ settings: certs.serverSettings });
  * const dsn = `${server.dsn}?sslmode=verify-full&sslrootcert=${certs.caFile}`;
+ * await using lock = new LeaderLock({ dsn, name: "over-tls" });
+ * await lock.start();
+ * assert.equal(await lock.waitForLeadership({ timeoutMs: 10_000 }), true);
  * ```
  *
  * @param options The names of the first server certificate.
