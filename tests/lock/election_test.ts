@@ -28,7 +28,10 @@ class FakeSession implements LockSession {
   readonly ended: Promise<unknown> = new Promise((resolve) => this.#end = resolve);
   /** The names of the statements run, in order. */
   readonly statements: string[] = [];
-  /** The transaction status a driver reports: BEGIN opens, COMMIT/ROLLBACK/"SNEAKY COMMIT" end. */
+  /**
+   * The transaction status a driver reports: BEGIN (and fence_begin, which starts with it) opens,
+   * COMMIT/ROLLBACK/"SNEAKY COMMIT" (and fence_commit) end.
+   */
   status: "I" | "T" = "I";
   constructor(readonly answer: (name: string) => Row[] | Promise<Row[]>) {}
   async query(statement: string | Statement): Promise<Row[]> {
@@ -36,8 +39,8 @@ class FakeSession implements LockSession {
     const name = typeof statement === "string" ? statement : statement.name;
     this.statements.push(name);
     const rows = await this.answer(name);
-    if (name === "BEGIN") this.status = "T";
-    if (name === "COMMIT" || name === "ROLLBACK" || name === "SNEAKY COMMIT") this.status = "I";
+    if (name === "BEGIN" || name === "fence_begin") this.status = "T";
+    if (["COMMIT", "ROLLBACK", "SNEAKY COMMIT", "fence_commit"].includes(name)) this.status = "I";
     return rows;
   }
   transactionStatus(): "I" | "T" {
@@ -64,7 +67,7 @@ function soleHolder(options: { unlockReturns?: boolean; heldOnCheck?: () => bool
     if (name === "set_up") return [{ version: 150000, pid: 42, applied: 9 }];
     if (name === "try_lock") return [{ ok: true, token: String(++token) }];
     if (name === "unlock") return [{ ok: options.unlockReturns ?? true, still_held: false }];
-    if (name === "renew" || name === "fence_open" || name === "fence_close") {
+    if (["renew", "fence_begin", "fence_commit", "fence_close"].includes(name)) {
       return [{ held: options.heldOnCheck?.() ?? true }];
     }
     throw new Error(`unexpected statement: ${name}`);
