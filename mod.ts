@@ -32,6 +32,7 @@ export {
   type LeadOptions,
   type ShutdownOptions,
   type StepDownOptions,
+  type TakeoverMode,
   type WaitForLeadershipOptions,
 } from "./src/lock/leader_lock.ts";
 export type { Term, TermTransaction } from "./src/engine/term.ts";

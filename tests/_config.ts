@@ -35,6 +35,7 @@ export function testConfig(overrides: TestConfigOverrides): LockConfig {
     reconnectGraceMs: undefined,
     autoReacquire: false,
     settleMs: 0,
+    takeover: "fast",
     signal: undefined,
     settings: {},
     connector: { target: "fake", connect, pinsAtStartup: false },

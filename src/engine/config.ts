@@ -10,6 +10,9 @@ import type { Connector } from "./session.ts";
 /** How a follower competes for the lock. */
 export type AcquireMode = "wait" | "poll";
 
+/** When a new leader announces itself after a grant that was not a handover. */
+export type TakeoverMode = "fast" | "safe";
+
 /** Everything a running lock needs, validated, with every default decided. Frozen. */
 export interface LockConfig {
   /** The lock's name, when it was given one. */
@@ -36,6 +39,8 @@ export interface LockConfig {
   readonly autoReacquire: boolean;
   /** See `LeaderLockOptions.settleMs`. */
   readonly settleMs: number;
+  /** See `LeaderLockOptions.takeover`. */
+  readonly takeover: TakeoverMode;
   /** See `LeaderLockOptions.signal`. */
   readonly signal: AbortSignal | undefined;
   /** The settings every session of the lock runs under. */

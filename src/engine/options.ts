@@ -4,10 +4,10 @@
  *
  * @module
  */
-import type { AcquireMode, LockConfig } from "./config.ts";
+import type { AcquireMode, LockConfig, TakeoverMode } from "./config.ts";
 import { type ConnectionOptions, makeConnector } from "../pg/connector.ts";
 
-export type { AcquireMode, LockConfig };
+export type { AcquireMode, LockConfig, TakeoverMode };
 import { MAX_DURATION_MS, sessionSettings } from "./protocol.ts";
 import { ExponentialBackoff, type RetryStrategy } from "./retry.ts";
 import { lockKeys } from "./lock_name.ts";
@@ -112,6 +112,20 @@ export interface LeaderLockOptions extends ConnectionOptions {
    */
   settleMs?: number;
   /**
+   * When a new leader announces itself after a grant that was not a handover (the previous
+   * holder's session ended, or the lock was free). `"fast"`: after `settleMs`, in milliseconds;
+   * a previous leader that was paused, starved of CPU or cut off while the server ended its
+   * session may still believe it leads meanwhile, for at most its lease (fenced statements stay
+   * safe; other work is not covered). `"safe"`: only once the longest time the previous leader
+   * could still believe it leads has passed: `leaseMs` after the grant answered (its lease runs
+   * from its last ownership proof, sent before the grant, minus a margin of 10 %, 5 ms to 1 s),
+   * keeping the lock meanwhile with health checks, so that no two processes ever believe they
+   * lead at once. Handovers (`stepDown()`, `shutdown()`) are announced at once in both modes.
+   *
+   * @default {"fast"}
+   */
+  takeover?: TakeoverMode;
+  /**
    * OpenTelemetry metrics and spans through `npm:@opentelemetry/api`: the global providers by
    * default (a no-op until the application configures an SDK; Deno's built-in export picks them
    * up), or the given ones; `false` turns it off.
@@ -122,6 +136,7 @@ export interface LeaderLockOptions extends ConnectionOptions {
 }
 
 const ACQUIRE_MODES: readonly AcquireMode[] = ["wait", "poll"];
+const TAKEOVER_MODES: readonly TakeoverMode[] = ["fast", "safe"];
 const WHERE = "create LeaderLock";
 
 /**
@@ -150,6 +165,7 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
     signal,
     acquireMode = "wait",
     settleMs = 10,
+    takeover = "fast",
   } = options;
   const { key1, key2, name } = checkKeys(options);
   checkDuration("healthIntervalMs", healthIntervalMs, { min: 1 });
@@ -181,6 +197,13 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
     throw new TypeError(
       `Cannot create LeaderLock as 'acquireMode' must be "wait" or "poll": current value is ${
         describe(acquireMode)
+      }`,
+    );
+  }
+  if (!TAKEOVER_MODES.includes(takeover)) {
+    throw new TypeError(
+      `Cannot create LeaderLock as 'takeover' must be "fast" or "safe": current value is ${
+        describe(takeover)
       }`,
     );
   }
@@ -226,6 +249,7 @@ export function resolveOptions(options: LeaderLockOptions): LockConfig {
     reconnectGraceMs,
     autoReacquire,
     settleMs,
+    takeover,
     signal,
     settings,
     connector,

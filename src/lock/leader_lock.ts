@@ -22,10 +22,11 @@ import {
   type LeaderLockOptions,
   type LockConfig,
   resolveOptions,
+  type TakeoverMode,
 } from "../engine/options.ts";
 import type { LockState } from "../engine/state.ts";
 
-export type { AcquireMode, LeaderLockOptions, LeaderLockTelemetryOptions, Term };
+export type { AcquireMode, LeaderLockOptions, LeaderLockTelemetryOptions, TakeoverMode, Term };
 
 /** The default of {@linkcode ShutdownOptions.drainMs}. */
 const DEFAULT_DRAIN_MS = 5000;
