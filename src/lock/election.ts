@@ -351,12 +351,16 @@ export class Election {
    * The one way to become leader, fresh or regained. A lock that was not handed over is held for
    * `settleMs` before announcing: a holder whose backend was just killed learns it from its
    * socket about when (sometimes after) this process learns of the grant, and must stop claiming
-   * first. The grant's short acknowledgement window is the lease until the first ownership check,
-   * sent as soon as the term starts, arms the full lease on the server.
+   * first. With `takeover: "safe"` it is held for `leaseMs` instead: the previous leader's lease ran
+   * from its last ownership proof, which answered before this grant, so it has run out by then
+   * (with the lease's margin to spare), paused, starved or cut off as that leader may be. The
+   * grant's short acknowledgement window is the lease until the first ownership check, sent as
+   * soon as the term starts, arms the full lease on the server.
    */
   async #becomeLeader(acquisition: Acquisition, sentAt: number, regained: boolean): Promise<Phase> {
+    const grantedAt = this.#clock();
     this.#acquirer.granted();
-    const { leaseMs, settleMs } = this.#config;
+    const { leaseMs, settleMs, takeover } = this.#config;
     const lease = new Lease(leaseMs, this.#clock);
     // The window runs on the server from the end of the grant statement; a grant after a long
     // wait in the queue would otherwise start with an expired window.
@@ -369,13 +373,10 @@ export class Election {
       facts: this.#owner.facts!,
       clock: this.#clock,
     });
-    if (!acquisition.handedOver && settleMs > 0) {
-      const settledAt = this.#clock() + settleMs;
-      // Acknowledge the grant while settling: the server arms the full lease.
-      if (!(await this.#acknowledge(state))) return DONE;
-      await sleep(settledAt - this.#clock(), [this.#stop.signal, this.#owner.lost]);
-      this.#owner.throwIfLost();
-      if (this.#stopping) return DONE; // closing the session releases the lock
+    const holdMs = takeover === "safe" ? leaseMs : settleMs;
+    if (!acquisition.handedOver && holdMs > 0) {
+      // Closing the session (when stopping) releases the lock.
+      if (!(await this.#settle(state, grantedAt + holdMs))) return DONE;
     }
     this.#owner.throwIfLost();
     if (!lease.valid) {
@@ -398,8 +399,28 @@ export class Election {
   }
 
   /**
-   * The first ownership check of a term, before it is announced: re-arms the server-side lease
-   * over the grant's short window. `false` when stopping.
+   * Holds a grant that was not handed over until `until` before it is announced: acknowledges it
+   * at once (the server arms the full lease), then keeps it with an ownership check every health
+   * interval. `false` when stopping.
+   */
+  async #settle(state: TermState, until: number): Promise<boolean> {
+    for (;;) {
+      if (!(await this.#acknowledge(state))) return false;
+      const nextCheck = state.lastCheckSentAt + this.#config.healthIntervalMs;
+      const last = until <= nextCheck;
+      await sleep((last ? until : nextCheck) - this.#clock(), [
+        this.#stop.signal,
+        this.#owner.lost,
+      ]);
+      this.#owner.throwIfLost();
+      if (this.#stopping) return false;
+      if (last) return true;
+    }
+  }
+
+  /**
+   * An ownership check of a term before it is announced: re-arms the server-side lease (over the
+   * grant's short window, the first time). `false` when stopping.
    *
    * @throws {PgLeaderLockError} When the lock is not held after all, or no answer came within
    * the grant's window (the caller closes the session, which frees the lock).
@@ -411,7 +432,7 @@ export class Election {
       state.lease.remainingMs,
     );
     if (held === ABORTED) return false;
-    if (!held) throw new PgLeaderLockError("The lock was not held right after it was granted");
+    if (!held) throw new PgLeaderLockError("The lock was not held before its term was announced");
     state.lease.renew(sentAt);
     state.checked(sentAt);
     return true;

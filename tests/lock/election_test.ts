@@ -663,6 +663,45 @@ Deno.test("a retry strategy that returns NaN is reported and replaced by a 1000 
   await running;
 });
 
+Deno.test("with takeover safe, a grant that was not handed over is announced leaseMs after it answered, kept by checks meanwhile; a handover at once", async (t) => {
+  for (const handedOver of [false, true]) {
+    await t.step(handedOver ? "handed over" : "not handed over", async () => {
+      const base = soleHolder();
+      const session = new FakeSession((name) =>
+        name === "try_lock"
+          ? [{ ok: true, token: "101", handed_over: handedOver, waited_ms: 0 }]
+          : base(name)
+      );
+      let announcedAt: number | undefined;
+      const election = new Election(
+        testConfig({
+          connect: () => Promise.resolve(session),
+          takeover: "safe",
+          healthIntervalMs: 100,
+          leaseMs: 400,
+        }),
+        (event) => {
+          if (event instanceof AcquiredEvent) announcedAt ??= performance.now();
+        },
+      );
+      const startedAt = performance.now();
+      const running = election.run();
+      await until(() => announcedAt !== undefined);
+      const ms = announcedAt! - startedAt;
+      const checksBefore = session.statements.filter((s) => s === "renew").length;
+      if (handedOver) {
+        assert(ms < 100, `a handover announced after ${ms.toFixed(1)} ms`);
+      } else {
+        assert(ms >= 400, `announced ${ms.toFixed(1)} ms after the grant, within the lease`);
+        // Acknowledged at once, then every health interval: the server's lease never lapses.
+        assert(checksBefore >= 4, `${checksBefore} checks before the announcement`);
+      }
+      await election.stop(1000);
+      await running;
+    });
+  }
+});
+
 Deno.test("every statechange observed above is in the transition table", () => {
   assertEquals(untabled, []);
 });
