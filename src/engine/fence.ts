@@ -192,9 +192,20 @@ export class TermState {
 export interface FenceStatements {
   /** The ownership check, re-arming the lease: `true` when held. */
   renew(runner: StatementRunner): Promise<boolean>;
-  /** After BEGIN: `true` when held (and now held until the transaction ends). */
-  fenceOpen(runner: StatementRunner): Promise<boolean>;
-  /** After COMMIT: `true` when still held; sets the session's settings, user and role again. */
+  /** BEGIN and the hold: `true` when held (and now held until the transaction ends). */
+  fenceBegin(runner: StatementRunner): Promise<boolean>;
+  /**
+   * COMMIT and the check: `true` when still held; sets the session's settings, user and role
+   * again. Rejects leaving the session idle when the COMMIT failed, in a failed transaction block
+   * when the check failed after the COMMIT went through.
+   */
+  fenceCommit(
+    runner: StatementRunner,
+    settings: Readonly<Record<string, string>>,
+    role: string,
+    sessionAuthorization: string,
+  ): Promise<boolean>;
+  /** After ROLLBACK: `true` when still held; sets the session's settings, user and role again. */
   fenceClose(
     runner: StatementRunner,
     settings: Readonly<Record<string, string>>,
@@ -243,7 +254,8 @@ export class Fence {
       state.signal,
       (fn) => this.fenced(state, fn),
       {
-        open: (session) => this.#options.statements.fenceOpen(session),
+        open: (session) => this.#options.statements.fenceBegin(session),
+        commit: (session) => this.#commit(state, session),
         close: (session) => this.#close(state, session),
       },
     );
@@ -325,13 +337,35 @@ export class Fence {
   }
 
   /**
-   * After a fenced transaction's COMMIT: the ownership check and the session's settings set
-   * again. A session that no longer holds the lock (the transaction's code unlocked it; its writes
-   * committed under the transaction-level hold) or whose check failed gives the lock up, which
-   * ends the term.
+   * A fenced transaction's COMMIT, and in the same round trip the ownership check and the
+   * session's settings set again. A session that no longer holds the lock (the transaction's code
+   * unlocked it; its writes committed under the transaction-level hold) or whose check failed
+   * gives the lock up, which ends the term. Rejects only when the COMMIT itself failed.
+   */
+  async #commit(state: TermState, session: LockSession): Promise<void> {
+    const { statements, settings } = this.#options;
+    const { role, sessionAuthorization } = state.facts;
+    let held: boolean;
+    try {
+      held = await statements.fenceCommit(session, settings, role, sessionAuthorization);
+    } catch (error) {
+      // The check runs in a transaction block of its own: a session left in a failed block
+      // committed, and only its check failed. Idle (or a driver that does not say): the COMMIT
+      // failed, and the transaction rolled back.
+      if (session.isEnded || session.transactionStatus?.() !== "E") throw error;
+      await session.query("ROLLBACK").catch(() => {});
+      held = false;
+    }
+    if (!held) this.#giveUp(state);
+  }
+
+  /**
+   * After a fenced transaction's ROLLBACK: the ownership check and the session's settings set
+   * again. A session that no longer holds the lock (an advisory unlock is not rolled back) or
+   * whose check failed gives the lock up, which ends the term.
    */
   async #close(state: TermState, session: LockSession): Promise<void> {
-    const { statements, settings, port } = this.#options;
+    const { statements, settings } = this.#options;
     let held = false;
     try {
       held = await statements.fenceClose(
@@ -343,10 +377,13 @@ export class Fence {
     } catch {
       // The session's end (or the check's failure) ends the term below.
     }
-    if (!held) {
-      state.lease.revoke();
-      port.drop();
-    }
+    if (!held) this.#giveUp(state);
+  }
+
+  /** The lock is gone or unproven: the lease ends here at once, and the port gives the lock up. */
+  #giveUp(state: TermState): void {
+    state.lease.revoke();
+    this.#options.port.drop();
   }
 
   /**

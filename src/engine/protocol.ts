@@ -23,6 +23,13 @@ export interface Statement {
   readonly name: string;
   /** The SQL text, with typed `$n` parameters. */
   readonly text: string;
+  /**
+   * Several statements of the protocol's own (never user text), their values inlined as literals
+   * ({@linkcode inlineValues}), sent as one simple-query message: one round trip. Its rows are
+   * every row its statements return, in order. A failing statement ends the message: the server
+   * runs none after it.
+   */
+  readonly simple?: boolean;
 }
 
 /** The oldest supported server: `idle_session_timeout` (the lease) is PostgreSQL 14+. */
@@ -400,6 +407,79 @@ export function releaseMarker(key1: number, key2: number): string {
   return `/* pgleaderlock release ${key1} ${key2} */`;
 }
 
+/**
+ * A fenced transaction's first round trip: BEGIN, then {@linkcode FENCE_OPEN} with the keys
+ * inlined, in one simple-query message.
+ *
+ * @param key1 First key (an int32).
+ * @param key2 Second key (an int32).
+ * @returns The message.
+ */
+export function fenceBegin(key1: number, key2: number): Statement {
+  return {
+    name: "fence_begin",
+    text: `BEGIN;\n${inlineValues(FENCE_OPEN.text, [key1, key2])}`,
+    simple: true,
+  };
+}
+
+/**
+ * A fenced transaction's last round trip: COMMIT, then {@linkcode FENCE_CLOSE} with its values
+ * inlined, in one simple-query message. The check runs in a transaction block of its own, so that
+ * the session's transaction status tells the two failures apart: `"I"` after a COMMIT that failed
+ * (it rolled back; the check never ran), `"E"` after a check that failed once the COMMIT had gone
+ * through.
+ *
+ * @param values FENCE_CLOSE's six values: keys, lease, settings (JSON), role, session user.
+ * @returns The message.
+ */
+export function fenceCommit(
+  values: readonly [number, number, string, string, string, string],
+): Statement {
+  return {
+    name: "fence_commit",
+    text: `COMMIT;\nBEGIN;\n${inlineValues(FENCE_CLOSE.text, values)};\nCOMMIT`,
+    simple: true,
+  };
+}
+
+/** Text a plain '...' literal carries the same whatever the session's settings say. */
+const PLAIN_LITERAL = /^[\x20-\x7e]*$/;
+
+/**
+ * `text` with each `$n` replaced by `values[n - 1]` as a literal, for statements that share a
+ * simple-query message (which has no parameters). Each placeholder keeps its explicit type cast.
+ * An integer must be an int32 and becomes a quoted literal (`'-5'::pg_catalog.int4` needs no
+ * operator lookup, unlike `-5`). A string of printable ASCII without `'` or `\` becomes `'...'`;
+ * any other string is sent as hex and decoded by the server
+ * (`pg_catalog.convert_from(pg_catalog.decode('...', 'hex'), 'UTF8')`), so that neither
+ * `standard_conforming_strings`, `backslash_quote` nor `client_encoding` (a statement of the
+ * term may have changed them) can change what the server reads: the message is ASCII only.
+ *
+ * @param text The statement, with `$1`, `$2`, ... placeholders.
+ * @param values The values.
+ * @returns The statement with the literals inlined.
+ * @throws {RangeError} When a placeholder has no value or a number is not an int32.
+ */
+export function inlineValues(text: string, values: readonly (number | string)[]): string {
+  return text.replace(/\$(\d+)/g, (_, n: string) => {
+    const value = values[Number(n) - 1];
+    if (typeof value === "number") {
+      if (!Number.isInteger(value) || value < -2147483648 || value > 2147483647) {
+        throw new RangeError(
+          `Cannot inline $${n} as it must be an int32: current value is ${value}`,
+        );
+      }
+      return `'${value}'`;
+    }
+    if (typeof value !== "string") throw new RangeError(`Cannot inline $${n}: it has no value`);
+    if (PLAIN_LITERAL.test(value) && !/['\\]/.test(value)) return `'${value}'`;
+    const hex = Array.from(new TextEncoder().encode(value), (b) => b.toString(16).padStart(2, "0"))
+      .join("");
+    return `pg_catalog.convert_from(pg_catalog.decode('${hex}', 'hex'), 'UTF8')`;
+  });
+}
+
 // --- binding --------------------------------------------------------------------------------
 
 /** One row of a result, keyed by column name. */
@@ -486,7 +566,8 @@ export interface AcquireOptions {
 
 /**
  * The protocol's statements bound to one lock (key1, key2) and its lease: what the election calls.
- * Each method runs one statement, whole as written above, in one round trip.
+ * Each method runs one statement, whole as written above, in one round trip; a fenced
+ * transaction's two ends send the library's own statements together, as one message.
  */
 export class LockStatements {
   readonly #keys: readonly [number, number];
@@ -570,20 +651,43 @@ export class LockStatements {
   }
 
   /**
-   * Opens a fenced transaction's hold ({@linkcode FENCE_OPEN}), right after BEGIN.
+   * Begins a fenced transaction and opens its hold ({@linkcode fenceBegin}): one round trip.
    *
-   * @param runner The session, inside the transaction.
+   * @param runner The session, outside a transaction.
    * @returns `true` when this session holds the lock (and now also holds it until the transaction
    * ends).
    */
-  async fenceOpen(runner: StatementRunner): Promise<boolean> {
-    const [row] = await runner.query(FENCE_OPEN, this.#keys);
+  async fenceBegin(runner: StatementRunner): Promise<boolean> {
+    const [row] = await runner.query(fenceBegin(...this.#keys), []);
     return row?.held === true;
   }
 
   /**
-   * Closes a fenced transaction ({@linkcode FENCE_CLOSE}), right after its COMMIT: the ownership
-   * check, the lease, and the session's settings, user and role set again.
+   * Commits a fenced transaction and closes it ({@linkcode fenceCommit}): one round trip.
+   *
+   * @param runner The session, inside the transaction.
+   * @param settings From {@linkcode sessionSettings} (`idle_session_timeout` is skipped).
+   * @param role The session's `role` after set-up ({@linkcode SessionFacts.role}).
+   * @param sessionAuthorization The session user after set-up.
+   * @returns `true` when this session still holds the lock after the COMMIT.
+   * @throws {unknown} The COMMIT's error (the session is then outside a transaction), or the
+   * check's (the session is then in a failed transaction block, and the COMMIT went through).
+   */
+  async fenceCommit(
+    runner: StatementRunner,
+    settings: Readonly<Record<string, string>>,
+    role: string,
+    sessionAuthorization: string,
+  ): Promise<boolean> {
+    const values = this.#fenceCloseValues(settings, role, sessionAuthorization);
+    const [row] = await runner.query(fenceCommit(values), []);
+    return row?.held === true;
+  }
+
+  /**
+   * Closes a fenced transaction ({@linkcode FENCE_CLOSE}) after its ROLLBACK (a COMMIT runs it
+   * through {@linkcode fenceCommit}): the ownership check, the lease, and the session's settings,
+   * user and role set again.
    *
    * @param runner The session.
    * @param settings From {@linkcode sessionSettings} (`idle_session_timeout` is skipped).
@@ -597,15 +701,19 @@ export class LockStatements {
     role: string,
     sessionAuthorization: string,
   ): Promise<boolean> {
-    const { idle_session_timeout: _lease, ...pinned } = settings;
-    const [row] = await runner.query(FENCE_CLOSE, [
-      ...this.#keys,
-      this.#lease,
-      JSON.stringify(pinned),
-      role,
-      sessionAuthorization,
-    ]);
+    const values = this.#fenceCloseValues(settings, role, sessionAuthorization);
+    const [row] = await runner.query(FENCE_CLOSE, values);
     return row?.held === true;
+  }
+
+  #fenceCloseValues(
+    settings: Readonly<Record<string, string>>,
+    role: string,
+    sessionAuthorization: string,
+  ): [number, number, string, string, string, string] {
+    const { idle_session_timeout: _lease, ...pinned } = settings;
+    const [key1, key2] = this.#keys;
+    return [key1, key2, this.#lease, JSON.stringify(pinned), role, sessionAuthorization];
   }
 
   /**

@@ -18,8 +18,10 @@ export interface LockSession {
   /** Settles once, when the session ends for any reason, with the error that ended it (if any). Never rejects. */
   readonly ended: Promise<unknown>;
   /**
-   * Runs one statement and returns its rows. Rejects with the driver's error (its SQLSTATE in
-   * `code`).
+   * Runs one statement and returns its rows: user text and the protocol's statements through the
+   * extended protocol, one statement per call; a statement marked `simple` (the protocol's own,
+   * values inlined) as one simple-query message, returning the rows of all its statements.
+   * Rejects with the driver's error (its SQLSTATE in `code`).
    *
    * @param statement The SQL with `$n` placeholders, or a named statement of the protocol.
    * @param values The parameters.

@@ -83,12 +83,18 @@ export type FencedRunner = <T>(fn: (session: LockSession) => Promise<T>) => Prom
 /** The two ends of a fenced transaction, on the term's session. */
 export interface TransactionFence {
   /**
-   * Right after BEGIN: `true` when the session holds the lock, which it then holds until the
-   * transaction ends whatever the transaction's code unlocks.
+   * BEGIN and the hold (one round trip): `true` when the session holds the lock, which it then
+   * holds until the transaction ends whatever the transaction's code unlocks.
    */
   open(session: LockSession): Promise<void | boolean>;
   /**
-   * Right after COMMIT: checks the session still holds the lock (ending the term if not) and sets
+   * COMMIT and the check after it (one round trip): resolves once committed, having ended the
+   * term if the session no longer holds the lock, and set the session's settings again. Rejects
+   * with the COMMIT's error when the COMMIT failed (the transaction is over).
+   */
+  commit(session: LockSession): Promise<void>;
+  /**
+   * After a ROLLBACK: checks the session still holds the lock (ending the term if not) and sets
    * the session's settings again.
    */
   close(session: LockSession): Promise<void>;
@@ -114,7 +120,7 @@ export class LeaderTerm implements Term {
    * @param regained Whether it follows a reconnect.
    * @param signal Aborted when it ends.
    * @param fenced Runs a function on the term's session while the term is current.
-   * @param holds The ownership check a transaction runs before it commits.
+   * @param fence The two ends of a fenced transaction.
    */
   constructor(
     fencingToken: bigint,
@@ -179,7 +185,6 @@ export class LeaderTerm implements Term {
     session: LockSession,
     work: (tx: TermTransaction) => Promise<T>,
   ): Promise<T> {
-    await session.query("BEGIN");
     try {
       // The fence: from here to the end of COMMIT no other session can take the lock.
       if ((await this.#fence.open(session)) !== true) {
@@ -253,14 +258,13 @@ export class LeaderTerm implements Term {
           cause: failed,
         });
       }
-      await session.query("COMMIT");
+      // Committed under the fence. If the transaction's code gave the session's hold up, the term
+      // ends now (the fence gives the lock up); the writes stand.
+      await this.#fence.commit(session);
     } catch (error) {
       if (!session.isEnded) await session.query("ROLLBACK").catch(() => {});
       throw error;
     }
-    // Committed under the fence. If the transaction's code gave the session's hold up, the term
-    // ends now (the close ends the session); the writes stand.
-    await this.#fence.close(session);
     return result;
   }
 }

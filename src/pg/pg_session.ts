@@ -24,7 +24,9 @@ export interface PgClient {
   /**
    * Runs a statement: SQL text, a named statement npm:pg prepares once per connection, or text
    * forced through the extended protocol (`queryMode: "extended"`, npm:pg 8.11+), which is what
-   * this library sends.
+   * this library sends for every statement but the two ends of a fenced transaction: those send
+   * the library's own statements as text with no values (the simple-query protocol), for which
+   * npm:pg returns one result per statement.
    */
   query(
     text:
@@ -32,7 +34,7 @@ export interface PgClient {
       | { name: string; text: string; values: unknown[] }
       | { text: string; values: unknown[]; queryMode: "extended" },
     values?: unknown[],
-  ): Promise<{ rows: unknown[] }>;
+  ): Promise<{ rows: unknown[] } | { rows: unknown[] }[]>;
   /** Ends the connection. */
   end(): Promise<void>;
   /** The transaction status of the last ReadyForQuery (`"I"`, `"T"`, `"E"`; npm:pg 8.12+). */
@@ -123,10 +125,20 @@ export class PgSession implements LockSession {
       if (isFatal(error)) this.#finish(error);
       throw error;
     }
-    return result.rows as Row[];
+    // A simple-query message of several statements: one result each.
+    return (Array.isArray(result) ? result.flatMap((r) => r.rows) : result.rows) as Row[];
   }
 
-  #send(statement: string | Statement, values: readonly unknown[]): Promise<{ rows: unknown[] }> {
+  #send(
+    statement: string | Statement,
+    values: readonly unknown[],
+  ): Promise<{ rows: unknown[] } | { rows: unknown[] }[]> {
+    if (typeof statement !== "string" && statement.simple === true) {
+      // The protocol's own statements sharing one round trip (a fenced transaction's ends), their
+      // values inlined by protocol.ts: never user text, which has no way into such a message.
+      if (values.length > 0) throw new TypeError(`${statement.name} inlines its values`);
+      return this.#client.query(statement.text);
+    }
     // Everything goes through the extended protocol as an unnamed statement, parsed where it is
     // run. Text (the user's fenced statements, BEGIN/COMMIT): one statement per call, never
     // "SELECT 1; BEGIN" smuggled past a check as a multi-statement. The protocol's own statements:

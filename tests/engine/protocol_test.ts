@@ -7,6 +7,9 @@ import {
   ackWindowMs,
   FENCE_CLOSE,
   FENCE_OPEN,
+  fenceBegin,
+  fenceCommit,
+  inlineValues,
   LockStatements,
   RENEW,
   SET_UP,
@@ -26,6 +29,9 @@ const STATEMENTS: readonly Statement[] = [
   FENCE_CLOSE,
   UNLOCK,
   LIST_LOCKS,
+  // The two ends of a fenced transaction, as sent: values inlined, one message each.
+  fenceBegin(-5, 1),
+  fenceCommit([-5, 1, "15000ms", '{"application_name":"it\'s \\ \u00e9"}', "none", "app"]),
 ];
 const SNAPSHOT = new URL("./snapshots/protocol.sql", import.meta.url);
 
@@ -44,7 +50,13 @@ async function rendered(): Promise<string> {
   await bound.acquire(recorder, { wait: true, marked: false });
   await bound.acquire(recorder, { wait: true, marked: true });
   await bound.renew(recorder);
-  await bound.fenceOpen(recorder);
+  await bound.fenceBegin(recorder);
+  await bound.fenceCommit(
+    recorder,
+    { lock_timeout: "5000ms", idle_session_timeout: "0" },
+    "none",
+    "app",
+  );
   await bound.fenceClose(
     recorder,
     { lock_timeout: "5000ms", idle_session_timeout: "0" },
@@ -98,6 +110,36 @@ Deno.test("every parameter the protocol sends carries an explicit type", () => {
       assert(match[1]?.startsWith("::pg_catalog."), `${name}: ${match[0]} has no explicit type`);
     }
   }
+});
+
+Deno.test("values inlined into a simple-query message are int32s and ASCII-only literals", () => {
+  assertEquals(
+    inlineValues("SELECT $1::pg_catalog.int4, $2::pg_catalog.text", [-5, "15000ms"]),
+    "SELECT '-5'::pg_catalog.int4, '15000ms'::pg_catalog.text",
+  );
+  // A quote, a backslash or anything beyond printable ASCII goes as hex, decoded by the server.
+  for (const [value, hex] of [["it's", "69742773"], ["a\\b", "615c62"], ["\u00e9", "c3a9"]]) {
+    assertEquals(
+      inlineValues("SELECT $1::pg_catalog.text", [value!]),
+      `SELECT pg_catalog.convert_from(pg_catalog.decode('${hex}', 'hex'), 'UTF8')::pg_catalog.text`,
+    );
+  }
+  for (const bad of [2 ** 31, 1.5, NaN]) {
+    let error: unknown;
+    try {
+      inlineValues("SELECT $1::pg_catalog.int4", [bad]);
+    } catch (e) {
+      error = e;
+    }
+    assert(error instanceof RangeError, `${bad}: ${error}`);
+  }
+  let missing: unknown;
+  try {
+    inlineValues("SELECT $2::pg_catalog.int4", [1]);
+  } catch (e) {
+    missing = e;
+  }
+  assert(missing instanceof RangeError, String(missing));
 });
 
 Deno.test("the grant's acknowledgement window is at most 2 s and a third of the lease", () => {

@@ -28,7 +28,10 @@ class FakeSession implements LockSession {
   readonly ended: Promise<unknown> = new Promise((resolve) => this.#end = resolve);
   /** The names of the statements run, in order. */
   readonly statements: string[] = [];
-  /** The transaction status a driver reports: BEGIN opens, COMMIT/ROLLBACK/"SNEAKY COMMIT" end. */
+  /**
+   * The transaction status a driver reports: BEGIN (and fence_begin, which starts with it) opens,
+   * COMMIT/ROLLBACK/"SNEAKY COMMIT" (and fence_commit) end.
+   */
   status: "I" | "T" = "I";
   constructor(readonly answer: (name: string) => Row[] | Promise<Row[]>) {}
   async query(statement: string | Statement): Promise<Row[]> {
@@ -36,8 +39,8 @@ class FakeSession implements LockSession {
     const name = typeof statement === "string" ? statement : statement.name;
     this.statements.push(name);
     const rows = await this.answer(name);
-    if (name === "BEGIN") this.status = "T";
-    if (name === "COMMIT" || name === "ROLLBACK" || name === "SNEAKY COMMIT") this.status = "I";
+    if (name === "BEGIN" || name === "fence_begin") this.status = "T";
+    if (["COMMIT", "ROLLBACK", "SNEAKY COMMIT", "fence_commit"].includes(name)) this.status = "I";
     return rows;
   }
   transactionStatus(): "I" | "T" {
@@ -64,7 +67,7 @@ function soleHolder(options: { unlockReturns?: boolean; heldOnCheck?: () => bool
     if (name === "set_up") return [{ version: 150000, pid: 42, applied: 9 }];
     if (name === "try_lock") return [{ ok: true, token: String(++token) }];
     if (name === "unlock") return [{ ok: options.unlockReturns ?? true, still_held: false }];
-    if (name === "renew" || name === "fence_open" || name === "fence_close") {
+    if (["renew", "fence_begin", "fence_commit", "fence_close"].includes(name)) {
       return [{ held: options.heldOnCheck?.() ?? true }];
     }
     throw new Error(`unexpected statement: ${name}`);
@@ -658,6 +661,45 @@ Deno.test("a retry strategy that returns NaN is reported and replaced by a 1000 
   assertEquals(attempts, 1);
   await election.stop(1000);
   await running;
+});
+
+Deno.test("with takeover safe, a grant that was not handed over is announced leaseMs after it answered, kept by checks meanwhile; a handover at once", async (t) => {
+  for (const handedOver of [false, true]) {
+    await t.step(handedOver ? "handed over" : "not handed over", async () => {
+      const base = soleHolder();
+      const session = new FakeSession((name) =>
+        name === "try_lock"
+          ? [{ ok: true, token: "101", handed_over: handedOver, waited_ms: 0 }]
+          : base(name)
+      );
+      let announcedAt: number | undefined;
+      const election = new Election(
+        testConfig({
+          connect: () => Promise.resolve(session),
+          takeover: "safe",
+          healthIntervalMs: 100,
+          leaseMs: 400,
+        }),
+        (event) => {
+          if (event instanceof AcquiredEvent) announcedAt ??= performance.now();
+        },
+      );
+      const startedAt = performance.now();
+      const running = election.run();
+      await until(() => announcedAt !== undefined);
+      const ms = announcedAt! - startedAt;
+      const checksBefore = session.statements.filter((s) => s === "renew").length;
+      if (handedOver) {
+        assert(ms < 100, `a handover announced after ${ms.toFixed(1)} ms`);
+      } else {
+        assert(ms >= 400, `announced ${ms.toFixed(1)} ms after the grant, within the lease`);
+        // Acknowledged at once, then every health interval: the server's lease never lapses.
+        assert(checksBefore >= 4, `${checksBefore} checks before the announcement`);
+      }
+      await election.stop(1000);
+      await running;
+    });
+  }
 });
 
 Deno.test("every statechange observed above is in the transition table", () => {

@@ -189,17 +189,39 @@ SELECT NOT pg_catalog.pg_is_in_recovery() AND EXISTS (
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease;
 
--- fence_open [5001,1]
+-- fence_begin []
+BEGIN;
 SELECT CASE WHEN EXISTS (
            SELECT 1 FROM pg_catalog.pg_locks l
             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
               AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
                                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-              AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
-              AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
+              AND l.classid OPERATOR(pg_catalog.=) '5001'::pg_catalog.int4::pg_catalog.oid
+              AND l.objid OPERATOR(pg_catalog.=) '1'::pg_catalog.int4::pg_catalog.oid
               AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
-         THEN pg_catalog.pg_try_advisory_xact_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
+         THEN pg_catalog.pg_try_advisory_xact_lock('5001'::pg_catalog.int4, '1'::pg_catalog.int4)
          ELSE false END AS held;
+
+-- fence_commit []
+COMMIT;
+BEGIN;
+SELECT EXISTS (
+         SELECT 1 FROM pg_catalog.pg_locks l
+          WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+            AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                               WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+            AND l.classid OPERATOR(pg_catalog.=) '5001'::pg_catalog.int4::pg_catalog.oid
+            AND l.objid OPERATOR(pg_catalog.=) '1'::pg_catalog.int4::pg_catalog.oid
+            AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
+       pg_catalog.set_config('idle_session_timeout', '15000ms'::pg_catalog.text, false) AS lease,
+       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
+          FROM pg_catalog.json_each_text('{"lock_timeout":"5000ms"}'::pg_catalog.json) v
+          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
+         AS pinned,
+       pg_catalog.set_config('session_authorization', 'app'::pg_catalog.text, false)
+         AS session_authorization,
+       pg_catalog.set_config('role', 'none'::pg_catalog.text, false) AS role;
+COMMIT;
 
 -- fence_close [5001,1,"15000ms","{\"lock_timeout\":\"5000ms\"}","none","app"]
 SELECT EXISTS (
