@@ -22,6 +22,7 @@
 import { ConnectionError, LockError, PgLeaderLockError } from "../engine/errors.ts";
 import { Lease } from "../engine/lease.ts";
 import type { RetryStrategy } from "../engine/retry.ts";
+import { FALLBACK_DELAY_MS, RetrySeries } from "../engine/retry_series.ts";
 import type { LockSession, SessionConnector } from "../engine/session.ts";
 import { DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
 import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
@@ -198,8 +199,17 @@ export class GroupMember {
    * @returns Settles with everything released and closed.
    */
   async run(): Promise<void> {
-    let failures = 0;
-    let firstFailureAt = 0;
+    const series = new RetrySeries(
+      this.#config.retryStrategy,
+      this.#config.clock,
+      (what, cause) =>
+        this.#observer.error(
+          new PgLeaderLockError(
+            `The retry strategy ${what}, which is not a delay in ms or null: retrying in ${FALLBACK_DELAY_MS} ms`,
+            cause === undefined ? undefined : { cause },
+          ),
+        ),
+    );
     try {
       while (!this.#stop.signal.aborted) {
         let error: unknown;
@@ -207,7 +217,7 @@ export class GroupMember {
         try {
           await this.#open();
           joinedThisRound = true;
-          failures = 0;
+          series.reset();
           this.#observer.joined();
           await this.#ticks();
           return;
@@ -226,23 +236,16 @@ export class GroupMember {
         if (joinedThisRound && (error instanceof SessionEnded || error instanceof LeaseExpired)) {
           continue;
         }
-        if (failures === 0) firstFailureAt = this.#config.clock();
-        failures++;
-        let delay = this.#config.retryStrategy.nextDelayMs({
-          attempt: failures,
-          elapsedMs: this.#config.clock() - firstFailureAt,
-          lastError: error,
-        });
-        if (delay !== null && !(Number.isFinite(delay) && delay >= 0)) delay = 1000;
+        const delay = series.fail(error);
         if (delay === null) {
           this.#fatal = new ConnectionError(
-            `Gave up connecting after ${failures} attempts: the retry strategy returned null`,
-            { cause: error, attempts: failures },
+            `Gave up connecting after ${series.attempt} attempts: the retry strategy returned null`,
+            { cause: error, attempts: series.attempt },
           );
           this.#observer.error(this.#fatal);
           return;
         }
-        await sleep(Math.min(delay, 2 ** 31 - 1), [this.#stop.signal]);
+        await sleep(delay, [this.#stop.signal]);
       }
     } catch (error) {
       // A bug guard: the loop itself must never reject.
