@@ -4,12 +4,22 @@
  * Every health interval the member runs one tick:
  * 1. OBSERVE (one read of pg_locks): proves every held shard still held, reads the live members
  *    and which shards others hold. Success renews the lease of every held shard at once.
- * 2. Computes the balanced assignment for the members it sees (balance.ts).
+ * 2. Computes the balanced assignment for the members that lead (balance.ts). Coverage comes
+ *    before balance: a member id whose session holds no shard of the group at `adoptAfterTicks`
+ *    (A) consecutive ticks while a shard assigned to it is free (an unrelated advisory lock that
+ *    looks like a member, such as `pg_advisory_lock(7)` for key1 = 0, a forged member lock, a
+ *    member that cannot take its shards) counts as absent: it is left out of the assignment until
+ *    its session holds a shard, and the others lead its share. So while one member is alive, no
+ *    shard stays unowned longer than about (A + 1) health intervals plus the settle and a
+ *    statement (about 3 H with the defaults). A real member counted absent by mistake (it holds
+ *    nothing while others hold all of its share for A + 5 ticks) joins again under a new id.
  * 3. Hands over the shards it holds that the assignment gives to another member: ends their
  *    terms (signal aborted, `released`), then unlocks them in one statement.
  * 4. Try-locks the free shards the assignment gives it, plus free shards nobody took for
- *    `adoptAfterTicks` ticks (up to its fair share), in one statement; announces them after
- *    `settleMs`.
+ *    `adoptAfterTicks` ticks (up to its fair share), in statements of at most 512 shards;
+ *    announces them after `settleMs`. When the server's lock table is full (53200, too small a
+ *    `max_locks_per_transaction`) it leads what fits, reports the rest once (an error event) and
+ *    tries more every 5 ticks, instead of losing its session.
  * 5. While a shard the assignment gives it is still held by another member, try-locks those
  *    every `handoverPollMs` until the next tick, so a handover leaves the shard without a leader
  *    for about one poll period instead of one health interval.
@@ -28,7 +38,17 @@ import { DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
 import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError } from "./events.ts";
-import { acquire, join, leave, type MemberRow, observe, release, setUp } from "./protocol.ts";
+import {
+  acquire,
+  join,
+  leave,
+  type MemberRow,
+  type MemberSession,
+  type Observation,
+  observe,
+  release,
+  setUp,
+} from "./protocol.ts";
 
 /** Everything the member needs, validated. */
 export interface MemberConfig {
@@ -93,6 +113,14 @@ const END_TIMEOUT_MS = 1000;
 const JOIN_TRIES = 8;
 /** How many ticks an adopted shard is kept before it is handed to its assigned member. */
 const ADOPTED_HOLD_TICKS = 3;
+/** The most shards one try-lock statement takes. */
+const ACQUIRE_CHUNK = 512;
+/** The smallest chunk tried again when the server's lock table is full. */
+const MIN_ACQUIRE_CHUNK = 16;
+/** While the lock table is full, more shards are tried every this many ticks. */
+const FULL_RETRY_TICKS = 5;
+/** "out of shared memory": the server's lock table is full. */
+const OUT_OF_SHARED_MEMORY = "53200";
 
 /** One member's run, from start to stop. */
 export class GroupMember {
@@ -106,6 +134,8 @@ export class GroupMember {
   #session: LockSession | undefined;
   #sessionLost: AbortSignal = AbortSignal.abort();
   #backendPid = 0;
+  /** What set-up learnt of the current session. */
+  #facts: MemberSession | undefined;
   #memberId: number;
   #joined = false;
   #assignment: Assignment | undefined;
@@ -117,7 +147,17 @@ export class GroupMember {
   readonly #adoptedUntil = new Map<number, number>();
   /** key2 -> when it was first seen assigned here but held by another session. */
   readonly #pendingSince = new Map<number, number>();
+  /** memberId -> consecutive ticks its session held no shard while one assigned to it was free. */
+  readonly #idleStreak = new Map<number, number>();
+  /** Member ids left out of the assignment until their session holds a shard. */
+  readonly #absent = new Set<number>();
+  /** Consecutive ticks this member held nothing while others held all of its share. */
+  #starvedTicks = 0;
   #fatal: unknown;
+  /** The tick at which a try-lock last found the lock table full (undefined: not full). */
+  #fullSince: number | undefined;
+  /** Whether the full lock table was reported (once per member run). */
+  #fullReported = false;
 
   /**
    * Creates a member that has not started.
@@ -269,8 +309,14 @@ export class GroupMember {
       this.#loseAll("session-ended", error);
       lost.abort(new SessionEnded(error));
     });
-    const { backendPid } = await this.#query((s) => setUp(s, this.#config.settings));
-    this.#backendPid = backendPid;
+    const facts = await this.#query((s) => setUp(s, this.#config.settings));
+    this.#backendPid = facts.backendPid;
+    this.#facts = facts;
+    await this.#join();
+  }
+
+  /** Takes a member lock, under a new id when another session has this one. */
+  async #join(): Promise<void> {
     for (let i = 0; i < JOIN_TRIES; i++) {
       if (await this.#query((s) => join(s, this.#config.key1, this.#memberId))) {
         this.#joined = true;
@@ -339,7 +385,7 @@ export class GroupMember {
     const { key1, shards, healthIntervalMs, handoverPollMs, clock } = this.#config;
     while (!this.#stop.signal.aborted) {
       const sentAt = clock();
-      const seen = await this.#query((s) => observe(s, key1));
+      const seen = await this.#query((s) => observe(s, key1, this.#facts!.databaseOid));
       this.#renew(sentAt);
       this.#tick++;
       const mine = new Set(seen.mine);
@@ -353,9 +399,21 @@ export class GroupMember {
         );
       }
       this.#observer.renewed(this.#terms.size, this.#lease.deadline);
-      const assignment = this.#assign(seen.members);
-      const target = new Set(assignment.byMember.get(this.#memberId) ?? []);
       const others = new Set(seen.others);
+      const free: number[] = [];
+      for (const k of shards) {
+        if (mine.has(k) || others.has(k)) this.#freeStreak.delete(k);
+        else {
+          free.push(k);
+          this.#freeStreak.set(k, (this.#freeStreak.get(k) ?? 0) + 1);
+        }
+      }
+      const assignment = this.#assignLive(seen, new Set(free));
+      const target = new Set(assignment.byMember.get(this.#memberId) ?? []);
+      if (this.#starved(seen, target, others)) {
+        await this.#rejoin();
+        continue;
+      }
 
       // Locks this session holds without a term (a statement that failed half-way): unlock.
       const stray = seen.mine.filter((k) => !this.#terms.has(k));
@@ -367,14 +425,6 @@ export class GroupMember {
       this.#released = [];
       if (toUnlock.length > 0) await this.#unlock(toUnlock);
 
-      const free: number[] = [];
-      for (const k of shards) {
-        if (mine.has(k) || others.has(k)) this.#freeStreak.delete(k);
-        else {
-          free.push(k);
-          this.#freeStreak.set(k, (this.#freeStreak.get(k) ?? 0) + 1);
-        }
-      }
       const wanted = free.filter((k) => target.has(k));
       const { max } = fairShare(shards.length, assignment.members.length);
       const room = max - (this.#terms.size + wanted.length);
@@ -422,6 +472,65 @@ export class GroupMember {
     if (this.#terms.size > 0 && !this.#lease.valid) throw new LeaseExpired();
   }
 
+  /**
+   * The assignment over the members that lead: a member id whose session has held no shard of the
+   * group for `adoptAfterTicks` consecutive ticks while a shard assigned to it was free (an
+   * unrelated advisory lock that looks like a member, a forged member lock, a member that cannot
+   * take its shards) is left out until its session holds a shard, so that the others lead its
+   * share instead of leaving it unowned.
+   */
+  #assignLive(seen: Observation, free: ReadonlySet<number>): Assignment {
+    const ids = new Set(seen.members.map((m) => m.memberId));
+    for (const id of [...this.#absent]) if (!ids.has(id)) this.#absent.delete(id);
+    for (const id of [...this.#idleStreak.keys()]) if (!ids.has(id)) this.#idleStreak.delete(id);
+    for (const m of seen.members) {
+      if (this.#absent.has(m.memberId) && seen.holders.has(m.pid)) this.#absent.delete(m.memberId);
+    }
+    const live = () =>
+      seen.members.filter((m) => m.memberId === this.#memberId || !this.#absent.has(m.memberId));
+    let assignment = this.#assign(live());
+    let changed = false;
+    for (const m of live()) {
+      if (m.memberId === this.#memberId) continue;
+      const assigned = assignment.byMember.get(m.memberId) ?? [];
+      if (!seen.holders.has(m.pid) && assigned.some((k) => free.has(k))) {
+        const streak = (this.#idleStreak.get(m.memberId) ?? 0) + 1;
+        this.#idleStreak.set(m.memberId, streak);
+        if (streak >= this.#config.adoptAfterTicks) {
+          this.#idleStreak.delete(m.memberId);
+          this.#absent.add(m.memberId);
+          changed = true;
+        }
+      } else {
+        this.#idleStreak.delete(m.memberId);
+      }
+    }
+    if (changed) assignment = this.#assign(live());
+    return assignment;
+  }
+
+  /**
+   * Whether this member holds nothing while every shard assigned to it has been held by others
+   * for longer than a handover takes: the others then count it absent (see #assignLive), and only
+   * a new member id makes them hand its share over.
+   */
+  #starved(seen: Observation, target: ReadonlySet<number>, others: ReadonlySet<number>): boolean {
+    const starving = this.#terms.size === 0 && seen.mine.length === 0 && target.size > 0 &&
+      [...target].every((k) => others.has(k));
+    this.#starvedTicks = starving ? this.#starvedTicks + 1 : 0;
+    return this.#starvedTicks > this.#config.adoptAfterTicks + ADOPTED_HOLD_TICKS + 2;
+  }
+
+  /** Leaves under the current member id and joins under a new one. */
+  async #rejoin(): Promise<void> {
+    this.#starvedTicks = 0;
+    const { key1 } = this.#config;
+    await this.#query((s) => leave(s, key1, this.#memberId));
+    this.#joined = false;
+    this.#memberId = randomMemberId();
+    await this.#join();
+  }
+
   #assign(members: readonly MemberRow[]): Assignment {
     const ids = members.map((m) => m.memberId).sort((a, b) => a - b);
     const key = ids.join(",");
@@ -450,16 +559,64 @@ export class GroupMember {
     }
   }
 
-  /** Try-locks `keys`; announces what it took after the settle. Returns what it took. */
+  /**
+   * Try-locks `keys`; announces what it took after the settle. Returns what it took.
+   *
+   * The try-locks go in statements of at most {@linkcode ACQUIRE_CHUNK} shards. A statement that
+   * finds the server's lock table full (SQLSTATE 53200, `max_locks_per_transaction`) fails whole
+   * (the locks it took stay, without a token): they are unlocked and the chunk is tried again in
+   * halves, down to {@linkcode MIN_ACQUIRE_CHUNK}; then the member leads what fits, reports the
+   * rest once (an error event), and tries more only every {@linkcode FULL_RETRY_TICKS} ticks.
+   */
   async #acquire(keys: readonly number[]): Promise<number[]> {
     const todo = keys.filter((k) => !this.#terms.has(k));
     if (todo.length === 0) return [];
+    if (this.#fullSince !== undefined && this.#tick - this.#fullSince < FULL_RETRY_TICKS) return [];
     const { key1, settleMs, clock } = this.#config;
-    const sentAt = clock();
-    const got = await this.#query((s) => acquire(s, key1, todo));
-    this.#lease.renew(sentAt);
-    if (got.token === undefined || got.shards.length === 0) return [];
-    this.#unannounced = [...got.shards];
+    const chunks: number[][] = [];
+    for (let i = 0; i < todo.length; i += ACQUIRE_CHUNK) {
+      chunks.push(todo.slice(i, i + ACQUIRE_CHUNK));
+    }
+    const taken: { key2: number; token: bigint }[] = [];
+    let full: unknown;
+    for (let chunk = chunks.shift(); chunk; chunk = chunks.shift()) {
+      const sentAt = clock();
+      let got;
+      try {
+        got = await this.#query((s) => acquire(s, key1, chunk, this.#facts!.databaseOid));
+      } catch (error) {
+        if (sqlState(error) !== OUT_OF_SHARED_MEMORY) throw error;
+        await this.#query((s) => release(s, key1, chunk));
+        if (chunk.length > MIN_ACQUIRE_CHUNK) {
+          const half = Math.ceil(chunk.length / 2);
+          chunks.unshift(chunk.slice(0, half), chunk.slice(half));
+          continue;
+        }
+        full = error;
+        break;
+      }
+      this.#lease.renew(sentAt);
+      if (got.token === undefined) continue;
+      for (const key2 of got.shards) taken.push({ key2, token: got.token });
+      this.#unannounced = taken.map((t) => t.key2);
+    }
+    if (full === undefined) {
+      this.#fullSince = undefined;
+    } else {
+      if (this.#fullSince === undefined && !this.#fullReported) {
+        this.#fullReported = true;
+        this.#observer.error(
+          new PgLeaderLockError(
+            `The server's lock table is full (max_locks_per_transaction): group ${key1} leads ${
+              this.#terms.size + taken.length
+            } shards on this member, the rest stay for others; more are tried every ${FULL_RETRY_TICKS} health intervals`,
+            { cause: full },
+          ),
+        );
+      }
+      this.#fullSince = this.#tick;
+    }
+    if (taken.length === 0) return [];
     // A shard whose previous holder's session died (killed backend) may still be claimed by that
     // holder until its socket reports the end: wait before announcing.
     if (settleMs > 0) await sleep(settleMs, [this.#stop.signal, this.#sessionLost]);
@@ -467,12 +624,12 @@ export class GroupMember {
     if (this.#stop.signal.aborted) return []; // released by the shutdown, never announced
     if (!this.#lease.valid) throw new LeaseExpired();
     this.#unannounced = [];
-    for (const key2 of got.shards) {
+    for (const { key2, token } of taken) {
       const controller = new AbortController();
-      this.#terms.set(key2, { token: got.token, controller });
-      this.#observer.acquired(key2, got.token, controller.signal);
+      this.#terms.set(key2, { token, controller });
+      this.#observer.acquired(key2, token, controller.signal);
     }
-    return [...got.shards];
+    return taken.map((t) => t.key2);
   }
 
   /** Ends the terms of `keys` on purpose; their unlock is queued in #released. */
