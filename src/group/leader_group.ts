@@ -45,6 +45,7 @@ import {
 } from "./events.ts";
 import { GroupMember, type MemberObserver, randomMemberId } from "./member.ts";
 import { memberSettings } from "./protocol.ts";
+import type { Term } from "../engine/term.ts";
 import { checkShards } from "./shards.ts";
 
 /** Options of {@linkcode LeaderGroup}. Durations are milliseconds. */
@@ -122,8 +123,14 @@ export interface LeaderGroupShutdownOptions {
   timeoutMs?: number;
 }
 
-/** One shard's term, as {@linkcode LeaderGroup.lead} hands it to the work. */
-export interface ShardTerm {
+/**
+ * One shard's term, as {@linkcode LeaderGroup.lead} hands it to the work, with `Term`'s fenced
+ * `query()`/`transaction()` on the member's one session, in turn with the member's statements: a
+ * write of the term cannot commit after another member leads the shard. A statement that gives
+ * the shard's lock up ends only this shard's term (`lost`, `not-held`). Once the term ended they
+ * reject with a `ShardTermEndedError`.
+ */
+export interface ShardTerm extends Pick<Term, "query" | "transaction"> {
   /** The shard. */
   readonly key2: number;
   /** The term's fencing token. */
@@ -422,14 +429,17 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
         this.#workFailed(term, error);
       }
     };
-    const onAcquired = (event: ShardAcquiredEvent) =>
-      run({ key2: event.key2, fencingToken: event.fencingToken, signal: event.signal });
+    // grouprt: the member builds each shard's term, with its fenced statements (shard_term.ts).
+    const onAcquired = (event: ShardAcquiredEvent) => {
+      const term = this.#member?.shardTerm(event.key2);
+      if (term?.fencingToken === event.fencingToken) run(term);
+    };
     this.addEventListener("acquired", onAcquired);
     for (const key2 of this.leading) {
-      const fencingToken = this.fencingToken(key2);
-      const signal = this.termSignal(key2);
-      if (fencingToken !== undefined && signal !== undefined) run({ key2, fencingToken, signal });
+      const term = this.#member?.shardTerm(key2);
+      if (term) run(term);
     }
+    // grouprt: end
     return () => this.removeEventListener("acquired", onAcquired);
   }
 

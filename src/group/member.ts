@@ -34,10 +34,12 @@ import { Lease } from "../engine/lease.ts";
 import type { RetryStrategy } from "../engine/retry.ts";
 import { FALLBACK_DELAY_MS, RetrySeries } from "../engine/retry_series.ts";
 import type { LockSession, SessionConnector } from "../engine/session.ts";
-import { DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
+import { ABORTED, DeadlineError, sleep, untilAborted, withDeadline } from "../engine/_async.ts";
 import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError } from "./events.ts";
+import { GroupShardTerm } from "./shard_term.ts";
+import { withResolvers } from "../engine/_compat.ts";
 import {
   acquire,
   join,
@@ -89,6 +91,7 @@ export interface MemberObserver {
 interface Term {
   readonly token: bigint;
   readonly controller: AbortController;
+  readonly scope: GroupShardTerm;
 }
 
 /** The session ended under the member. */
@@ -154,6 +157,8 @@ export class GroupMember {
   /** Consecutive ticks this member held nothing while others held all of its share. */
   #starvedTicks = 0;
   #fatal: unknown;
+  /** Settles when the session's current user (a statement of the member or the work) is done. */
+  #turn: Promise<void> = Promise.resolve();
   /** The tick at which a try-lock last found the lock table full (undefined: not full). */
   #fullSince: number | undefined;
   /** Whether the full lock table was reported (once per member run). */
@@ -196,6 +201,16 @@ export class GroupMember {
    */
   signalOf(key2: number): AbortSignal | undefined {
     return this.#lease.valid ? this.#terms.get(key2)?.controller.signal : undefined;
+  }
+
+  /**
+   * A shard's current term with its fenced statements, while leading it.
+   *
+   * @param key2 The shard.
+   * @returns The term or `undefined`.
+   */
+  shardTerm(key2: number): GroupShardTerm | undefined {
+    return this.#lease.valid ? this.#terms.get(key2)?.scope : undefined;
   }
 
   /** This member's id while joined, else `undefined`. */
@@ -343,12 +358,14 @@ export class GroupMember {
       try {
         const held = [...new Set([...this.#released, ...this.#unannounced])];
         this.#released = [];
-        if (held.length > 0) {
-          await withDeadline(release(session, this.#config.key1, held), END_TIMEOUT_MS);
-        }
-        if (this.#joined) {
-          await withDeadline(leave(session, this.#config.key1, this.#memberId), END_TIMEOUT_MS);
-        }
+        // In the session's turn: after a fenced transaction of the work that is still running.
+        await withDeadline(
+          this.#exclusive(async () => {
+            if (held.length > 0) await release(session, this.#config.key1, held);
+            if (this.#joined) await leave(session, this.#config.key1, this.#memberId);
+          }),
+          END_TIMEOUT_MS,
+        );
       } catch {
         // Closing the session releases everything anyway.
       }
@@ -371,12 +388,64 @@ export class GroupMember {
     const bound = this.#terms.size > 0 ? this.#lease.remainingMs : this.#config.leaseMs;
     if (bound <= 0) throw new LeaseExpired();
     try {
-      return await withDeadline(run(session), bound);
+      // The wait for the session's turn (behind a fenced transaction of the work) counts.
+      return await withDeadline(
+        this.#exclusive(() => {
+          if (this.#session !== session || session.isEnded) throw new SessionEnded(undefined);
+          return run(session);
+        }),
+        bound,
+      );
     } catch (error) {
       if (session.isEnded || this.#sessionLost.aborted) throw new SessionEnded(error);
       if (error instanceof DeadlineError) throw new LeaseExpired(error);
       throw error;
     }
+  }
+
+  /**
+   * Runs `fn` alone on the session: the member's statements and the work's fenced ones take
+   * turns, in the order they asked. `signal` gives up the wait (a fenced call whose term ended),
+   * leaving its place to the next.
+   */
+  async #exclusive<T>(fn: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    const previous = this.#turn;
+    const turn = withResolvers<void>();
+    this.#turn = turn.promise;
+    try {
+      if (signal === undefined) await previous;
+      else if ((await untilAborted(previous, signal)) === ABORTED) {
+        previous.then(() => turn.resolve());
+        throw signal.reason;
+      }
+      return await fn();
+    } finally {
+      turn.resolve();
+    }
+  }
+
+  /**
+   * The fenced runner of a shard's term: runs `fn` on the member's session in its turn, only
+   * while the term is current, its lease valid and its session the one it was granted on.
+   */
+  #fencedFor(key2: number, token: bigint, signal: AbortSignal) {
+    const session = this.#session;
+    const assertCurrent = () => {
+      if (this.#terms.get(key2)?.token === token && !this.#lease.valid) {
+        this.#endTerm(key2, "lost", "lease-expired", undefined);
+      }
+      signal.throwIfAborted();
+      if (this.#session !== session || !session || session.isEnded) {
+        throw new ShardTermEndedError(this.#config.key1, key2, token, "session-ended");
+      }
+    };
+    return async <T>(fn: (session: LockSession) => Promise<T>): Promise<T> => {
+      assertCurrent();
+      return await this.#exclusive(() => {
+        assertCurrent();
+        return fn(session!);
+      }, signal);
+    };
   }
 
   // --- ticks --------------------------------------------------------------------------------
@@ -626,7 +695,23 @@ export class GroupMember {
     this.#unannounced = [];
     for (const { key2, token } of taken) {
       const controller = new AbortController();
-      this.#terms.set(key2, { token, controller });
+      const facts = this.#facts!;
+      const scope = new GroupShardTerm(key2, token, controller.signal, {
+        key1,
+        leaseMs: this.#config.leaseMs,
+        settings: this.#config.settings,
+        role: facts.role,
+        sessionAuthorization: facts.sessionAuthorization,
+        fenced: this.#fencedFor(key2, token, controller.signal),
+        // The transaction's code gave the shard's lock up: its term ends now (its writes
+        // committed under the fence); the member's other shards are not affected.
+        notHeld: () => {
+          if (this.#terms.get(key2)?.token === token) {
+            this.#endTerm(key2, "lost", "not-held", undefined);
+          }
+        },
+      });
+      this.#terms.set(key2, { token, controller, scope });
       this.#observer.acquired(key2, token, controller.signal);
     }
     return taken.map((t) => t.key2);

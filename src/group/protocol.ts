@@ -10,9 +10,10 @@
  *   from the two-int4 form, so membership never collides with a shard of any key1.
  *
  * Hardening: every function, view, operator and type is schema-qualified (`pg_catalog.`), every
- * parameter carries an explicit type, and the session pins `search_path`, `statement_timeout`,
- * `lock_timeout` and the idle timeouts itself ({@linkcode SETUP}), so that no object or setting a
- * role or database defines can change what these statements do.
+ * parameter carries an explicit type, and the session pins `statement_timeout`, `lock_timeout`
+ * and the idle timeouts itself ({@linkcode SETUP}), so that no object or setting a role or
+ * database defines can change what these statements do. `search_path` is left as the role has
+ * it, for the shard terms' fenced statements (nothing here depends on it).
  *
  * @module
  */
@@ -163,8 +164,8 @@ export function memberSettings(input: MemberSettingsInput): Record<string, strin
   const idleS = Math.max(1, Math.floor(leaseS / 3));
   return {
     application_name: identity,
-    search_path: "pg_catalog, pg_temp",
-    statement_timeout: "0",
+    // Bounds a shard term's fenced statement on the server too (the member's own are short).
+    statement_timeout: `${Math.round(leaseMs)}ms`,
     lock_timeout: "0",
     idle_session_timeout: `${Math.round(leaseMs)}ms`,
     idle_in_transaction_session_timeout: `${Math.round(leaseMs)}ms`,
