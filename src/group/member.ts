@@ -24,8 +24,15 @@
  *    every `handoverPollMs` until the next tick, so a handover leaves the shard without a leader
  *    for about one poll period instead of one health interval.
  *
- * Nothing ever waits in PostgreSQL's lock queue, so no statement needs a client-side timeout on a
- * lock wait; each statement is bounded by the lease (the session is closed when it passes).
+ * 6. Woken at once, between ticks, when its watcher session (watcher.ts) sees the next member in
+ *    the ring go (its session ended, or it left): it runs two ticks a poll period apart that take
+ *    every free shard, keeps those assigned to others until the first tick a health interval
+ *    later, and hands them over then. A dead member's shards are so led again within
+ *    milliseconds of the server noticing its end (plus `settleMs`), not at the next tick.
+ *
+ * The member session never waits in PostgreSQL's lock queue, so none of its statements needs a
+ * client-side timeout on a lock wait; each is bounded by the lease (the session is closed when it
+ * passes). Only the watcher session waits, in `lock_timeout` windows.
  *
  * @module
  */
@@ -39,6 +46,7 @@ import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
+import { RingWatcher, watcherSettings } from "./watcher.ts";
 import { withResolvers } from "../engine/_compat.ts";
 import {
   acquire,
@@ -116,6 +124,8 @@ const END_TIMEOUT_MS = 1000;
 const JOIN_TRIES = 8;
 /** How many ticks an adopted shard is kept before it is handed to its assigned member. */
 const ADOPTED_HOLD_TICKS = 3;
+/** How many ticks, a poll period apart, take a gone member's shards over. */
+const TAKEOVER_TICKS = 2;
 /** The most shards one try-lock statement takes. */
 const ACQUIRE_CHUNK = 512;
 /** The smallest chunk tried again when the server's lock table is full. */
@@ -157,6 +167,15 @@ export class GroupMember {
   /** Consecutive ticks this member held nothing while others held all of its share. */
   #starvedTicks = 0;
   #fatal: unknown;
+  /** The second session, waiting for the next member's lock in the ring. */
+  #watcher: RingWatcher | undefined;
+  /** Aborted to start the next tick at once (the watcher saw a member go). */
+  #wake = new AbortController();
+  /**
+   * How many of the next ticks take every free shard at once, a poll period apart (a member just
+   * went: its backend may still be releasing its shards when the first one looks).
+   */
+  #takeover = 0;
   /** Settles when the session's current user (a statement of the member or the work) is done. */
   #turn: Promise<void> = Promise.resolve();
   /** The tick at which a try-lock last found the lock table full (undefined: not full). */
@@ -265,6 +284,32 @@ export class GroupMember {
           ),
         ),
     );
+    this.#watcher = new RingWatcher({
+      key1: this.#config.key1,
+      connect: this.#config.connect,
+      settings: watcherSettings(this.#config.settings),
+      gone: () => {
+        this.#takeover = TAKEOVER_TICKS;
+        this.#wake.abort();
+      },
+      error: (error) => {
+        // While the member's own session works: a watcher that dies is opened again.
+        if (this.#joined) {
+          this.#observer.error(
+            new PgLeaderLockError(
+              `The watcher session failed (${
+                sqlState(error) === OUT_OF_SHARED_MEMORY
+                  ? "the server's lock table is full"
+                  : error instanceof Error
+                  ? error.message
+                  : String(error)
+              }): it is opened again, and other members' ends are seen at the next tick until then`,
+              { cause: error },
+            ),
+          );
+        }
+      },
+    });
     try {
       while (!this.#stop.signal.aborted) {
         let error: unknown;
@@ -306,6 +351,7 @@ export class GroupMember {
       // A bug guard: the loop itself must never reject.
       this.#observer.error(error);
     } finally {
+      await this.#watcher.close();
       await this.#leaveAndClose();
     }
   }
@@ -453,6 +499,9 @@ export class GroupMember {
   async #ticks(): Promise<void> {
     const { key1, shards, healthIntervalMs, handoverPollMs, clock } = this.#config;
     while (!this.#stop.signal.aborted) {
+      if (this.#wake.signal.aborted) this.#wake = new AbortController();
+      const takeover = this.#takeover > 0;
+      if (takeover) this.#takeover--;
       const sentAt = clock();
       const seen = await this.#query((s) => observe(s, key1, this.#facts!.databaseOid));
       this.#renew(sentAt);
@@ -479,6 +528,7 @@ export class GroupMember {
       }
       const assignment = this.#assignLive(seen, new Set(free));
       const target = new Set(assignment.byMember.get(this.#memberId) ?? []);
+      this.#watcher?.watch(nextInRing(assignment.members, this.#memberId));
       if (this.#starved(seen, target, others)) {
         await this.#rejoin();
         continue;
@@ -497,13 +547,20 @@ export class GroupMember {
       const wanted = free.filter((k) => target.has(k));
       const { max } = fairShare(shards.length, assignment.members.length);
       const room = max - (this.#terms.size + wanted.length);
-      const adopt = room <= 0 ? [] : free
+      // Woken because a member went: every free shard now (its share, mostly), each kept until
+      // the first tick a health interval later, when the members it is assigned to have seen the
+      // change and take it over.
+      const taken = takeover ? free.filter((k) => !target.has(k)) : [];
+      for (const k of taken) this.#adoptedUntil.set(k, this.#tick + this.#takeover + 1);
+      const adopt = takeover ? taken : room <= 0 ? [] : free
         .filter((k) =>
           !target.has(k) && (this.#freeStreak.get(k) ?? 0) >= this.#config.adoptAfterTicks
         )
         .sort((a, b) => score(b, this.#memberId) - score(a, this.#memberId))
         .slice(0, room);
-      for (const k of adopt) this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
+      if (!takeover) {
+        for (const k of adopt) this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
+      }
       await this.#acquire([...wanted, ...adopt]);
 
       // Shards assigned here that another session still holds: poll for their release until
@@ -515,18 +572,19 @@ export class GroupMember {
       for (const k of target) {
         if (others.has(k) && !this.#pendingSince.has(k)) this.#pendingSince.set(k, now);
       }
-      const nextTick = sentAt + healthIntervalMs;
+      const nextTick = sentAt + (this.#takeover > 0 ? handoverPollMs : healthIntervalMs);
       let pending = [...this.#pendingSince.entries()]
         .filter(([, since]) => now - since < 2 * healthIntervalMs)
         .map(([k]) => k);
       while (pending.length > 0 && clock() + handoverPollMs < nextTick) {
-        await sleep(handoverPollMs, [this.#stop.signal, this.#sessionLost]);
+        await sleep(handoverPollMs, [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
         if (this.#stop.signal.aborted) return;
+        if (this.#wake.signal.aborted) break;
         const got = new Set(await this.#acquire(pending));
         for (const k of got) this.#pendingSince.delete(k);
         pending = pending.filter((k) => !got.has(k) && !this.#terms.has(k));
       }
-      await sleep(nextTick - clock(), [this.#stop.signal, this.#sessionLost]);
+      await sleep(nextTick - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
       if (this.#sessionLost.aborted && !this.#stop.signal.aborted) {
         throw new SessionEnded(this.#sessionLost.reason);
       }
@@ -545,8 +603,9 @@ export class GroupMember {
    * The assignment over the members that lead: a member id whose session has held no shard of the
    * group for `adoptAfterTicks` consecutive ticks while a shard assigned to it was free (an
    * unrelated advisory lock that looks like a member, a forged member lock, a member that cannot
-   * take its shards) is left out until its session holds a shard, so that the others lead its
-   * share instead of leaving it unowned.
+   * take its shards), or for two ticks more while others held its share (members whose views
+   * count it absent already), is left out until its session holds a shard, so that the others
+   * lead its share instead of leaving it unowned.
    */
   #assignLive(seen: Observation, free: ReadonlySet<number>): Assignment {
     const ids = new Set(seen.members.map((m) => m.memberId));
@@ -562,10 +621,13 @@ export class GroupMember {
     for (const m of live()) {
       if (m.memberId === this.#memberId) continue;
       const assigned = assignment.byMember.get(m.memberId) ?? [];
-      if (!seen.holders.has(m.pid) && assigned.some((k) => free.has(k))) {
+      if (!seen.holders.has(m.pid) && assigned.length > 0) {
         const streak = (this.#idleStreak.get(m.memberId) ?? 0) + 1;
         this.#idleStreak.set(m.memberId, streak);
-        if (streak >= this.#config.adoptAfterTicks) {
+        // Its share free: it does not take it. Held by others (who count it absent already): a
+        // member joining takes its share within a handover, so two ticks more are plenty.
+        const bound = this.#config.adoptAfterTicks + (assigned.some((k) => free.has(k)) ? 0 : 2);
+        if (streak >= bound) {
           this.#idleStreak.delete(m.memberId);
           this.#absent.add(m.memberId);
           changed = true;
@@ -764,6 +826,19 @@ export class GroupMember {
     }
     return true;
   }
+}
+
+/**
+ * The member after `me` in the ring of member ids (ascending, wrapping), or `undefined` alone.
+ *
+ * @param members The live member ids, ascending.
+ * @param me This member's id.
+ * @returns The id to watch.
+ */
+export function nextInRing(members: readonly number[], me: number): number | undefined {
+  const others = members.filter((m) => m !== me);
+  if (others.length === 0) return undefined;
+  return others.find((m) => m > me) ?? others[0];
 }
 
 /**

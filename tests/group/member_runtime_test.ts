@@ -198,7 +198,8 @@ Deno.test({
       assert.ok(g.leading.size > 0, `member ${i} leads nothing`);
       assert.equal(g.backendPid, backends[i], `member ${i} reconnected`);
       assert.equal(lost[i], 0, `member ${i} lost shards`);
-      assert.ok(errors[i]!.length <= 1, `member ${i}: ${errors[i]!.map((e) => e.message)}`);
+      // One report of the member's own session, at most one of its watcher session.
+      assert.ok(errors[i]!.length <= 2, `member ${i}: ${errors[i]!.map((e) => e.message)}`);
       for (const error of errors[i]!) assert.match(error.message, /lock table is full/);
     }
     assert.equal((await viewGroup(pg, 3030, shards)).members.length, 3);
