@@ -351,8 +351,10 @@ export class GroupMember {
       // A bug guard: the loop itself must never reject.
       this.#observer.error(error);
     } finally {
-      await this.#watcher.close();
+      // The shards and the membership first: the watcher of the member before this one is
+      // granted its member lock at the leave and wakes its member.
       await this.#leaveAndClose();
+      await this.#watcher.close();
     }
   }
 

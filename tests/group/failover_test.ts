@@ -7,7 +7,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { startPostgres } from "../../testing.ts";
+import { startPostgres, startTcpProxy } from "../../testing.ts";
 import { LeaderGroup } from "../../src/group/leader_group.ts";
 import { until } from "../_helpers.ts";
 import {
@@ -214,4 +214,59 @@ Deno.test({
     `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name LIKE '%:watcher'`,
   );
   assert.equal(left?.n, 0);
+});
+
+Deno.test({
+  name: "A member behind a blackholed proxy: its shards are led again as soon as the server ends " +
+    "its session, and never by two members",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  await using pg = await startPostgres();
+  await using proxy = await startTcpProxy(pg);
+  const key1 = 7171;
+  const options = {
+    key1,
+    shards: N,
+    healthIntervalMs: HEALTH_MS,
+    leaseMs: LEASE_MS,
+    settleMs: SETTLE_MS,
+  };
+  const all = [
+    new MemberProcess("p1", { ...options, dsn: pg.dsn, identity: "p1" }),
+    new MemberProcess("p2", { ...options, dsn: pg.dsn, identity: "p2" }),
+    new MemberProcess("p3", { ...options, dsn: pg.dsnFor(proxy), identity: "p3" }),
+  ];
+  try {
+    await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced");
+    const [row] = await pg.query(
+      `SELECT pid FROM pg_stat_activity WHERE application_name = 'p3'`,
+    );
+    const backend = Number(row?.pid);
+    proxy.setMode("blackhole");
+    await until(
+      async () =>
+        (await pg.query("SELECT 1 FROM pg_stat_activity WHERE pid = $1", [backend])).length === 0,
+      LEASE_MS + 5000,
+      "the server to end p3's session",
+    );
+    const endedAt = wallNow();
+    const { at } = await waitForView(
+      pg,
+      key1,
+      N,
+      (v) => v.unowned === 0 && !v.counts.has(backend),
+      20_000,
+      "every shard led by p1 and p2",
+      2,
+    );
+    assert.ok(at - endedAt < FAST_MS, `led again ${Math.round(at - endedAt)} ms after`);
+    proxy.setMode("pass");
+    await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced again");
+    await Promise.all(all.map((m) => m.leave()));
+    assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
+  } finally {
+    proxy.setMode("pass");
+    await Promise.all(all.map((m) => m.dispose()));
+  }
 });
