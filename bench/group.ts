@@ -23,14 +23,24 @@ import {
 
 const { values: flags } = parseArgs({
   args: Deno.args,
-  options: { quick: { type: "boolean", default: false } },
+  options: {
+    quick: { type: "boolean", default: false },
+    // Only the failover targets of issue 19: N = 1,000 and 10,000, M = 3 and 10, beside
+    // LeaderLock's SIGKILL failover; results in bench/results/group-failover/.
+    failover: { type: "boolean", default: false },
+  },
 });
 const quick = flags.quick ?? false;
-const SIZES = quick ? [10, 1000] : [10, 1000, 10000];
-const MEMBERS = quick ? [1, 3] : [1, 3, 10];
-const LOCKS = quick ? [10, 100] : [10, 100, 1000];
+const failoverOnly = flags.failover ?? false;
+const SIZES = failoverOnly ? [1000, 10000] : quick ? [10, 1000] : [10, 1000, 10000];
+const MEMBERS = failoverOnly ? [3, 10] : quick ? [1, 3] : [1, 3, 10];
+const LOCKS = failoverOnly ? [] : quick ? [10, 100] : [10, 100, 1000];
+const LOCK_FAILOVER_TRIALS = quick ? 5 : 20;
 const IDLE_WINDOW_MS = quick ? 2000 : 5000;
-const outDir = new URL(quick ? "./results/quick/" : "./results/", import.meta.url);
+const outDir = new URL(
+  failoverOnly ? "./results/group-failover/" : quick ? "./results/quick/" : "./results/",
+  import.meta.url,
+);
 
 interface GroupRow {
   shards: number;
@@ -47,6 +57,9 @@ interface GroupRow {
   failoverP99Ms: number | null;
   failoverMaxMs: number | null;
   killToBalancedMs: number | null;
+  leaveShards: number | null;
+  leaveP50Ms: number | null;
+  leaveP99Ms: number | null;
   terms: number;
   overlapViolations: number;
   maxOverlapMs: number;
@@ -193,14 +206,43 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
       20,
     );
     await new Promise((resolve) => setTimeout(resolve, 200));
-    const failover: number[] = [];
-    for (const k of victimShards) {
+    const firstAcquired = (k: number, since: number, among: readonly MemberProcess[]) => {
       let first = Infinity;
-      for (const p of all.slice(1)) {
-        const r = p.records.find((r) => r.type === "acquired" && r.key2 === k && r.t > killedAt);
+      for (const p of among) {
+        const r = p.records.find((r) => r.type === "acquired" && r.key2 === k && r.t > since);
         if (r) first = Math.min(first, r.t);
       }
+      return first;
+    };
+    const failover: number[] = [];
+    for (const k of victimShards) {
+      const first = firstAcquired(k, killedAt, all.slice(1));
       if (first !== Infinity) failover.push(first - killedAt);
+    }
+
+    // A graceful leave (SIGTERM) of the next oldest member: per shard it led, SIGTERM -> the new
+    // holder's acquired line.
+    const leaver = all[1]!;
+    const leaverBackend = leaver.records.findLast((r) => r.type === "ready")?.backendPid;
+    const beforeLeave = await holders(pg, key1);
+    const leaverShards = [...beforeLeave.entries()].filter(([, pid]) => pid === leaverBackend)
+      .map(([k]) => k);
+    const leftAt = wallNow();
+    await leaver.leave();
+    await waitForView(
+      pg,
+      key1,
+      n,
+      (v) => v.unowned === 0 && !v.counts.has(leaverBackend ?? -1),
+      timeout,
+      "every shard led after the leave",
+      20,
+    );
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    const leave: number[] = [];
+    for (const k of leaverShards) {
+      const first = firstAcquired(k, leftAt, all.slice(2));
+      if (first !== Infinity) leave.push(first - leftAt);
     }
     await Promise.all(all.filter((p) => p.running).map((p) => p.leave()));
     const reports = checkShards(all, 3000);
@@ -227,6 +269,9 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
       failoverP99Ms: failover.length ? Math.round(percentile(failover, 0.99)) : null,
       failoverMaxMs: failover.length ? Math.round(Math.max(...failover)) : null,
       killToBalancedMs: Math.round(recoveredAt - killedAt),
+      leaveShards: leave.length,
+      leaveP50Ms: leave.length ? Math.round(percentile(leave, 0.5)) : null,
+      leaveP99Ms: leave.length ? Math.round(percentile(leave, 0.99)) : null,
       terms,
       overlapViolations: violations,
       maxOverlapMs: maxOverlap,
@@ -270,6 +315,95 @@ async function runLocks(pg: TestPostgres, n: number, key1: number): Promise<Lock
   }
 }
 
+/**
+ * LeaderLock's SIGKILL failover in the same run: two candidate processes of one lock, library
+ * defaults; the leader is SIGKILLed once the follower waits in the lock queue, and the follower's
+ * `acquired` listener time minus the kill is one trial.
+ */
+async function runLockFailover(pg: TestPostgres, key1: number, trials: number): Promise<number[]> {
+  const script = await Deno.makeTempFile({ suffix: ".ts" });
+  await Deno.writeTextFile(
+    script,
+    `import { LeaderLock } from ${JSON.stringify(new URL("../mod.ts", import.meta.url).href)};
+const lock = new LeaderLock({ dsn: Deno.args[0], key1: Number(Deno.args[1]), key2: 0 });
+lock.addEventListener("acquired", () => {
+  console.log(JSON.stringify({ type: "acquired", t: performance.timeOrigin + performance.now() }));
+});
+await lock.start();
+await new Promise(() => {});
+`,
+  );
+  const results: number[] = [];
+  try {
+    for (let i = 0; i < trials; i++) {
+      const k = key1 + i;
+      const spawn = () => {
+        const child = new Deno.Command(Deno.execPath(), {
+          args: [
+            "run",
+            "-A",
+            "--config",
+            new URL("../deno.json", import.meta.url).pathname,
+            script,
+            pg.dsn,
+            String(k),
+          ],
+          stdout: "piped",
+          stderr: "null",
+        }).spawn();
+        const lines: { type: string; t: number }[] = [];
+        (async () => {
+          const decoder = new TextDecoder();
+          let buffer = "";
+          for await (const chunk of child.stdout) {
+            buffer += decoder.decode(chunk, { stream: true });
+            for (let nl = buffer.indexOf("\n"); nl >= 0; nl = buffer.indexOf("\n")) {
+              try {
+                lines.push(JSON.parse(buffer.slice(0, nl)));
+              } catch { /* not a record */ }
+              buffer = buffer.slice(nl + 1);
+            }
+          }
+        })();
+        return { child, lines };
+      };
+      const a = spawn();
+      const b = spawn();
+      try {
+        const deadline = performance.now() + 30_000;
+        const waiting = async () =>
+          (await pg.query(
+            `SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+              AND classid = $1::int4::oid`,
+            [k],
+          ))[0]!.n === 1;
+        while (!(a.lines.length + b.lines.length === 1 && await waiting())) {
+          if (performance.now() > deadline) throw new Error("LeaderLock trial did not settle");
+          await new Promise((resolve) => setTimeout(resolve, 20));
+        }
+        const [leader, follower] = a.lines.length === 1 ? [a, b] : [b, a];
+        leader.child.kill("SIGKILL");
+        const killedAt = wallNow();
+        while (follower.lines.length === 0) {
+          if (performance.now() > deadline) throw new Error("LeaderLock follower never led");
+          await new Promise((resolve) => setTimeout(resolve, 5));
+        }
+        results.push(follower.lines[0]!.t - killedAt);
+      } finally {
+        for (const p of [a, b]) {
+          try {
+            p.child.kill("SIGKILL");
+          } catch { /* gone */ }
+          await p.child.status;
+        }
+      }
+    }
+  } finally {
+    await Deno.remove(script);
+  }
+  return results;
+}
+
 const pg = await startPostgres({
   settings: {
     max_connections: 1200,
@@ -280,8 +414,11 @@ const pg = await startPostgres({
 });
 const groups: GroupRow[] = [];
 const lockRows: LockRow[] = [];
+let lockFailover: number[] = [];
 try {
   let key1 = 100;
+  lockFailover = await runLockFailover(pg, 900, LOCK_FAILOVER_TRIALS);
+  console.log(JSON.stringify({ lockFailover }));
   for (const n of SIZES) {
     for (const m of MEMBERS) {
       const row = await runGroup(pg, n, m, key1++);
@@ -316,7 +453,11 @@ const env = {
 await Deno.mkdir(outDir, { recursive: true });
 await Deno.writeTextFile(
   new URL("group.json", outDir),
-  JSON.stringify({ env, groups, heapPerShardBytes: heapPerShard, leaderLocks: lockRows }, null, 2) +
+  JSON.stringify(
+    { env, groups, heapPerShardBytes: heapPerShard, leaderLocks: lockRows, lockFailover },
+    null,
+    2,
+  ) +
     "\n",
 );
 const table = (header: string[], rows: (string | number | null)[][]) =>
@@ -339,7 +480,12 @@ member is a separate Deno process; times include process start-up (about 100-300
 - join: one more process spawned -> balanced over M+1; moved = shards whose holder changed
   (minimum possible: floor(N/(M+1))).
 - failover: the oldest member SIGKILLed after the join; per shard it led, kill -> the new
-  holder's \`acquired\` event (one wall clock); p99 is nearest-rank.
+  holder's \`acquired\` event (one wall clock); p99 is nearest-rank. The member before it in
+  the ring of member ids is woken by its watcher session and takes every shard at once; the
+  others take their share from it a health interval later (kill -> balanced).
+- leave: the next oldest member SIGTERMed; per shard it led, SIGTERM -> the new holder's
+  \`acquired\` event (its process exits after the unlock; the watcher of the member before it is
+  granted its member lock then).
 - overlap: the kit's checker on every shard's terms over the whole run (violations and longest
   overlap).
 
@@ -357,6 +503,7 @@ ${
       "failover shards",
       "failover p50 / p99 / max ms",
       "kill -> balanced ms",
+      "leave p50 / p99 ms",
       "terms",
       "overlap violations",
       "max overlap ms",
@@ -373,12 +520,18 @@ ${
       g.failoverShards,
       `${g.failoverP50Ms} / ${g.failoverP99Ms} / ${g.failoverMaxMs}`,
       g.killToBalancedMs,
+      `${g.leaveP50Ms} / ${g.leaveP99Ms}`,
       g.terms,
       g.overlapViolations,
       g.maxOverlapMs,
     ]),
   )
 }
+
+LeaderLock's SIGKILL failover in the same run (two candidate processes per trial, library
+defaults, the follower waiting in PostgreSQL's lock queue; ${lockFailover.length} trials): p50 ${
+  lockFailover.length ? Math.round(percentile(lockFailover, 0.5)) : "-"
+} ms, p99 ${lockFailover.length ? Math.round(percentile(lockFailover, 0.99)) : "-"} ms.
 
 Heap per shard in the process (M = 1, after a full GC, (heap at N=${SIZES.at(-1)} - heap at
 N=${SIZES[0]}) / ${SIZES.at(-1)! - SIZES[0]!}): ${heapPerShard ?? "-"} bytes.

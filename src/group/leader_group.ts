@@ -47,6 +47,7 @@ import {
 } from "./events.ts";
 import { GroupMember, type MemberObserver, randomMemberId } from "./member.ts";
 import { memberSettings } from "./protocol.ts";
+import type { Term, TermTransaction } from "../engine/term.ts";
 import { checkShards } from "./shards.ts";
 import { checkTelemetry, type TelemetryOptions } from "../engine/telemetry_options.ts";
 
@@ -181,8 +182,14 @@ export interface LeaderGroupLeadOptions {
   signal?: AbortSignal;
 }
 
-/** One shard's term, as {@linkcode LeaderGroup.lead} hands it to the work. */
-export interface ShardTerm {
+/**
+ * One shard's term, as {@linkcode LeaderGroup.lead} hands it to the work, with `Term`'s fenced
+ * `query()`/`transaction()` on the member's one session, in turn with the member's statements: a
+ * write of the term cannot commit after another member leads the shard. A statement that gives
+ * the shard's lock up ends only this shard's term (`lost`, `not-held`). Once the term ended they
+ * reject with a `ShardTermEndedError`.
+ */
+export interface ShardTerm extends Pick<Term, "query" | "transaction"> {
   /** The shard. */
   readonly key2: number;
   /** The term's fencing token. */
@@ -659,8 +666,31 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
    * @param signal The term's signal (this face's).
    * @returns The term.
    */
-  #shardTerm(key2: number, fencingToken: bigint, signal: AbortSignal): ShardTerm {
-    return Object.freeze({ key2, fencingToken, signal });
+  #shardTerm(
+    key2: number,
+    fencingToken: bigint,
+    signal: AbortSignal,
+    member: GroupMember,
+  ): ShardTerm {
+    // The member's term of the shard carries the fence; this face's term only adds its own
+    // signal (aborted earlier, at shutdown). A call after either ended is refused.
+    const fenced = () => {
+      const scope = member.shardTerm(key2);
+      if (signal.aborted || scope?.fencingToken !== fencingToken) {
+        throw signal.reason instanceof ShardTermEndedError
+          ? signal.reason
+          : new ShardTermEndedError(this.key1, key2, fencingToken, "not-held");
+      }
+      return scope;
+    };
+    return Object.freeze({
+      key2,
+      fencingToken,
+      signal,
+      query: async (sql: string, params?: readonly unknown[]) => await fenced().query(sql, params),
+      transaction: async <T>(work: (tx: TermTransaction) => Promise<T>) =>
+        await fenced().transaction(work),
+    });
   }
 
   // ---------------------------------------------------------------------------------------------
@@ -734,7 +764,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
         if (memberSignal.aborted) onEnd();
         else memberSignal.addEventListener("abort", onEnd, { once: true });
         const term: FaceTerm = {
-          term: this.#shardTerm(key2, token, controller.signal),
+          term: this.#shardTerm(key2, token, controller.signal, current.member),
           controller,
           workStarted: false,
         };

@@ -10,22 +10,30 @@
  *   from the two-int4 form, so membership never collides with a shard of any key1.
  *
  * Hardening: every function, view, operator and type is schema-qualified (`pg_catalog.`), every
- * parameter carries an explicit type, and the session pins `search_path`, `statement_timeout`,
- * `lock_timeout` and the idle timeouts itself ({@linkcode SETUP}), so that no object or setting a
- * role or database defines can change what these statements do.
+ * parameter carries an explicit type, and the session pins `statement_timeout`, `lock_timeout`
+ * and the idle timeouts itself ({@linkcode SETUP}), so that no object or setting a role or
+ * database defines can change what these statements do. `search_path` is left as the role has
+ * it, for the shard terms' fenced statements (nothing here depends on it).
  *
  * @module
  */
 import type { LockSession } from "../engine/session.ts";
 
 /**
- * Pins the session's settings and reads the server version and backend pid. `$1` is a JSON
+ * Pins the session's settings and reads the server version, the backend pid, the database's oid
+ * (for the statements below: pg_database is a shared catalog, whose lock takes an entry of the
+ * server's lock table, so a statement that reads it fails when that table is full), and the role
+ * and session user (set again after a fenced shard transaction). `$1` is a JSON
  * object of setting name -> value; settings the server does not have (idle_session_timeout
  * before PostgreSQL 14) are skipped.
  */
 export const SETUP = `
 SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS server_version,
        pg_catalog.pg_backend_pid() AS backend_pid,
+       (SELECT d.oid FROM pg_catalog.pg_database AS d
+         WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) AS database_oid,
+       pg_catalog.current_setting('role') AS role,
+       pg_catalog.current_setting('session_authorization') AS session_authorization,
        (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
           FROM pg_catalog.json_each_text($1::pg_catalog.json) AS v
           JOIN pg_catalog.pg_settings AS s ON s.name OPERATOR(pg_catalog.=) v.key
@@ -37,8 +45,9 @@ SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8) AS joined`;
 
 /**
  * The tick: in one read of pg_locks, the ownership proof of every shard this session holds
- * (`mine`), the shards other sessions hold (`others`), and the live members as
- * `memberId:pid` pairs (`members`), for group key1 = `$1`. Lists are comma-separated text (one
+ * (`mine`), the shards other sessions hold (`others`), the backend pids that hold at least one
+ * shard (`holders`), and the live members as `memberId:pid` pairs (`members`), for group
+ * key1 = `$1` in the database of oid `$2`. Lists are comma-separated text (one
  * value each, cheap to parse for 10,000 shards).
  */
 export const OBSERVE = `
@@ -49,6 +58,8 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
        pg_catalog.array_to_string(pg_catalog.array_agg(l.objid) FILTER (
          WHERE l.objsubid OPERATOR(pg_catalog.=) 2
            AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()), ',') AS others,
+       pg_catalog.array_to_string(pg_catalog.array_agg(DISTINCT l.pid) FILTER (
+         WHERE l.objsubid OPERATOR(pg_catalog.=) 2), ',') AS holders,
        pg_catalog.array_to_string(pg_catalog.array_agg(
            l.objid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
              OPERATOR(pg_catalog.||) l.pid::pg_catalog.text
@@ -57,14 +68,12 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
            AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'), ',') AS members
   FROM pg_catalog.pg_locks AS l
  WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
-   AND l.database OPERATOR(pg_catalog.=) (
-         SELECT d.oid FROM pg_catalog.pg_database AS d
-          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+   AND l.database OPERATOR(pg_catalog.=) $2::pg_catalog.oid
    AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
    AND l.granted`;
 
 /**
- * Try-locks the shards (key1 = `$1`, key2 in `$2`) without waiting, skipping any this session
+ * Try-locks the shards (key1 = `$1`, key2 in `$2`, database oid `$3`) without waiting, skipping any this session
  * holds already (a second lock would need a second unlock). Only when at least one was taken
  * does the same statement take the fencing token: it forces a transaction id and makes it
  * durable on the local server (a transactional WAL message under `synchronous_commit = local`,
@@ -77,9 +86,7 @@ WITH held AS MATERIALIZED (
   SELECT l.objid
     FROM pg_catalog.pg_locks AS l
    WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
-     AND l.database OPERATOR(pg_catalog.=) (
-           SELECT d.oid FROM pg_catalog.pg_database AS d
-            WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+     AND l.database OPERATOR(pg_catalog.=) $3::pg_catalog.oid
      AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
      AND l.objsubid OPERATOR(pg_catalog.=) 2
      AND l.granted
@@ -157,8 +164,8 @@ export function memberSettings(input: MemberSettingsInput): Record<string, strin
   const idleS = Math.max(1, Math.floor(leaseS / 3));
   return {
     application_name: identity,
-    search_path: "pg_catalog, pg_temp",
-    statement_timeout: "0",
+    // Bounds a shard term's fenced statement on the server too (the member's own are short).
+    statement_timeout: `${Math.round(leaseMs)}ms`,
     lock_timeout: "0",
     idle_session_timeout: `${Math.round(leaseMs)}ms`,
     idle_in_transaction_session_timeout: `${Math.round(leaseMs)}ms`,
@@ -182,6 +189,12 @@ export interface MemberSession {
   readonly serverVersion: number;
   /** The backend pid. */
   readonly backendPid: number;
+  /** The oid of the session's database. */
+  readonly databaseOid: number;
+  /** `current_setting('role')` after set-up. */
+  readonly role: string;
+  /** `current_setting('session_authorization')` after set-up. */
+  readonly sessionAuthorization: string;
 }
 
 /**
@@ -189,14 +202,22 @@ export interface MemberSession {
  *
  * @param session The new session.
  * @param settings From {@linkcode memberSettings}.
- * @returns Server version and backend pid.
+ * @returns Server version, backend pid, database oid, role and session user.
  */
 export async function setUp(
   session: LockSession,
   settings: Record<string, string>,
 ): Promise<MemberSession> {
   const [row] = await session.query(SETUP, [JSON.stringify(settings)]);
-  return { serverVersion: Number(row?.server_version ?? 0), backendPid: Number(row?.backend_pid) };
+  return {
+    serverVersion: Number(row?.server_version ?? 0),
+    backendPid: Number(row?.backend_pid),
+    databaseOid: Number(row?.database_oid),
+    role: typeof row?.role === "string" ? row.role : "none",
+    sessionAuthorization: typeof row?.session_authorization === "string"
+      ? row.session_authorization
+      : "",
+  };
 }
 
 /**
@@ -245,6 +266,8 @@ export interface Observation {
   readonly others: readonly number[];
   /** The live members, by id. */
   readonly members: readonly MemberRow[];
+  /** The backend pids that hold at least one shard of the group. */
+  readonly holders: ReadonlySet<number>;
 }
 
 /** An objid (unsigned oid) back to the int4 key2 it came from. */
@@ -262,10 +285,15 @@ function parseList(value: unknown): number[] {
  *
  * @param session The session.
  * @param key1 The group's key1.
+ * @param databaseOid The session's database ({@linkcode MemberSession.databaseOid}).
  * @returns What pg_locks shows of the group.
  */
-export async function observe(session: LockSession, key1: number): Promise<Observation> {
-  const [row] = await session.query(OBSERVE, [key1]);
+export async function observe(
+  session: LockSession,
+  key1: number,
+  databaseOid: number,
+): Promise<Observation> {
+  const [row] = await session.query(OBSERVE, [key1, databaseOid]);
   const members: MemberRow[] = [];
   if (typeof row?.members === "string" && row.members !== "") {
     for (const pair of row.members.split(",")) {
@@ -278,6 +306,11 @@ export async function observe(session: LockSession, key1: number): Promise<Obser
     mine: parseList(row?.mine),
     others: parseList(row?.others),
     members,
+    holders: new Set(
+      typeof row?.holders === "string" && row.holders !== ""
+        ? row.holders.split(",").map(Number)
+        : [],
+    ),
   };
 }
 
@@ -307,14 +340,16 @@ export function fencingToken(walfile: string, xid: string): bigint {
  * @param session The session.
  * @param key1 The group's key1.
  * @param shards The key2 values to try, distinct.
+ * @param databaseOid The session's database ({@linkcode MemberSession.databaseOid}).
  * @returns The shards taken and their token.
  */
 export async function acquire(
   session: LockSession,
   key1: number,
   shards: readonly number[],
+  databaseOid: number,
 ): Promise<Acquired> {
-  const [row] = await session.query(ACQUIRE, [key1, shards]);
+  const [row] = await session.query(ACQUIRE, [key1, shards, databaseOid]);
   const taken = parseList(row?.acquired);
   const token = typeof row?.walfile === "string" && typeof row?.xid === "string"
     ? fencingToken(row.walfile, row.xid)

@@ -1,0 +1,209 @@
+/**
+ * The member runtime's robustness on a real PostgreSQL: a broken retry strategy never stops the
+ * group, stray advisory locks in the membership key space never strand a shard, and a lock table
+ * too small for every shard leads what fits.
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { startPostgres } from "../../testing.ts";
+import { LeaderGroup } from "../../src/group/leader_group.ts";
+import type { RetryStrategy } from "../../src/engine/retry.ts";
+import { until } from "../_helpers.ts";
+import { PgClient } from "../../src/testing/_pg.ts";
+import { memberKey } from "../../src/group/protocol.ts";
+import { viewGroup } from "./_harness.ts";
+
+const BAD_STRATEGIES: [string, RetryStrategy][] = [
+  ["throws", {
+    nextDelayMs() {
+      throw new Error("strategy exploded");
+    },
+  }],
+  ["returns NaN", { nextDelayMs: () => NaN }],
+  ["returns -1", { nextDelayMs: () => -1 }],
+];
+
+Deno.test({
+  name: "A LeaderGroup whose retry strategy throws or returns NaN or -1 reports it and leads " +
+    "again after a server restart",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async (t) => {
+  await using pg = await startPostgres();
+  for (const [what, retryStrategy] of BAD_STRATEGIES) {
+    await t.step(`a strategy that ${what}`, async () => {
+      const errors: Error[] = [];
+      await using group = new LeaderGroup({
+        dsn: pg.dsn,
+        key1: 515,
+        shards: 4,
+        healthIntervalMs: 100,
+        leaseMs: 1000,
+        retryStrategy,
+      });
+      group.addEventListener("error", (e) => errors.push(e.error as Error));
+      await group.start();
+      await until(() => group.leading.size === 4, 5000, "all four shards");
+      await pg.stop({ mode: "fast" });
+      try {
+        await until(() => group.leading.size === 0, 5000, "the shards lost");
+        // Let the member fail to reconnect at least once, so that it asks the strategy.
+        await until(
+          () => errors.some((e) => /retry strategy/.test(e.message)),
+          5000,
+          "the bad strategy reported",
+        );
+      } finally {
+        await pg.start();
+      }
+      await until(() => group.leading.size === 4, 10_000, "all four shards again");
+      const report = errors.find((e) => /retry strategy/.test(e.message))!;
+      assert.match(report.message, /retrying in 1000 ms/);
+    });
+  }
+});
+
+/** Holds `sql`'s advisory lock on a session of its own until disposed. */
+async function strayLock(dsn: string, sql: string): Promise<AsyncDisposable> {
+  const client = new PgClient({ connectionString: dsn });
+  client.on("error", () => {});
+  await client.connect();
+  await client.query(sql);
+  return { [Symbol.asyncDispose]: () => client.end() };
+}
+
+const STRAYS: { what: string; key1: number; shards: number; sql: string }[] = [
+  // The bigint form of 7: classid 0, objid 7, objsubid 1, which reads as member 7 of key1 = 0.
+  {
+    what: "pg_advisory_lock(7) with key1 = 0",
+    key1: 0,
+    shards: 256,
+    sql: "SELECT pg_advisory_lock(7)",
+  },
+  // hashtext('jobs') is negative: its bigint form has classid 0xffffffff, key1 = -1.
+  {
+    what: "pg_advisory_lock(hashtext('jobs')) with key1 = -1",
+    key1: -1,
+    shards: 16,
+    sql: "SELECT pg_advisory_lock(hashtext('jobs'))",
+  },
+  {
+    what: "a forged member lock",
+    key1: 9191,
+    shards: 64,
+    sql: `SELECT pg_advisory_lock(${memberKey(9191, 12345)})`,
+  },
+];
+
+Deno.test({
+  name: "A stray advisory lock in the membership key space strands no shard while members live",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async (t) => {
+  await using pg = await startPostgres();
+  for (const { what, key1, shards, sql } of STRAYS) {
+    await t.step(what, async () => {
+      await using _stray = await strayLock(pg.dsn, sql);
+      const groups = [0, 1, 2].map(() =>
+        new LeaderGroup({
+          dsn: pg.dsn,
+          key1,
+          shards,
+          healthIntervalMs: 100,
+          leaseMs: 1000,
+        })
+      );
+      try {
+        await Promise.all(groups.map((g) => g.start()));
+        const members = await viewGroup(pg, key1, shards);
+        assert.equal(members.members.length, 4, "three members and the stray lock");
+        // The documented bound: (adoptAfterTicks + 1) health intervals plus a statement, then
+        // the moves of one rebalance.
+        const { min, max } = { min: Math.floor(shards / 3), max: Math.ceil(shards / 3) };
+        const balanced = () => {
+          const counts = groups.map((g) => g.leading.size);
+          return counts.every((c) => c >= min && c <= max) &&
+            counts.reduce((a, b) => a + b, 0) === shards;
+        };
+        await until(balanced, 5000, "every shard led, balanced over the three members").catch(
+          (e) => {
+            throw new Error(`${e.message}: ${groups.map((g) => g.leading.size)}`);
+          },
+        );
+        // And no shard stays unowned longer than a handover (a poll, a tick and the settle)
+        // over the next twenty health intervals.
+        const unownedSince = new Map<number, number>();
+        let longest = 0;
+        for (const end = performance.now() + 2000; performance.now() < end;) {
+          const rows = await pg.query(
+            `SELECT objid::int8 AS key2 FROM pg_locks
+              WHERE locktype = 'advisory' AND granted AND classid = $1::int4::oid AND objsubid = 2`,
+            [key1],
+          );
+          const held = new Set(rows.map((r) => Number(r.key2)));
+          const now = performance.now();
+          for (let key2 = 0; key2 < shards; key2++) {
+            if (held.has(key2)) unownedSince.delete(key2);
+            else if (!unownedSince.has(key2)) unownedSince.set(key2, now);
+            else longest = Math.max(longest, now - unownedSince.get(key2)!);
+          }
+          await new Promise((resolve) => setTimeout(resolve, 20));
+        }
+        assert.ok(longest < 500, `a shard stayed unowned for ${Math.round(longest)} ms`);
+        assert.ok(balanced(), `balanced over 3: ${groups.map((g) => g.leading.size)}`);
+      } finally {
+        await Promise.all(groups.map((g) => g.shutdown()));
+      }
+    });
+  }
+});
+
+Deno.test({
+  name: "A lock table too small for every shard: each member leads what fits and reports the " +
+    "rest once, without losing its session",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  await using pg = await startPostgres({
+    // A lock table of about 10 * (100 + background processes) entries: about 1,100 locks.
+    settings: { max_locks_per_transaction: 10, max_connections: 100 },
+  });
+  const shards = 3000;
+  const errors: Error[][] = [[], [], []];
+  const lost = [0, 0, 0];
+  const groups = [0, 1, 2].map((i) => {
+    const group = new LeaderGroup({
+      dsn: pg.dsn,
+      key1: 3030,
+      shards,
+      healthIntervalMs: 200,
+      leaseMs: 2000,
+    });
+    group.addEventListener("error", (e) => errors[i]!.push(e.error as Error));
+    group.addEventListener("lost", () => lost[i]!++);
+    return group;
+  });
+  try {
+    await Promise.all(groups.map((g) => g.start()));
+    const led = () => groups.reduce((sum, g) => sum + g.leading.size, 0);
+    await until(() => errors.some((e) => e.length > 0), 10_000, "a member to report");
+    const backends = groups.map((g) => g.backendPid);
+    // Three seconds: fifteen health intervals.
+    await new Promise((resolve) => setTimeout(resolve, 3000));
+    const total = led();
+    assert.ok(total >= 500, `the members lead ${total} shards`);
+    assert.ok(total < shards, `all ${shards} fit: the test needs a smaller lock table`);
+    for (const [i, g] of groups.entries()) {
+      assert.ok(g.leading.size > 0, `member ${i} leads nothing`);
+      assert.equal(g.backendPid, backends[i], `member ${i} reconnected`);
+      assert.equal(lost[i], 0, `member ${i} lost shards`);
+      // One report of the member's own session, at most one of its watcher session.
+      assert.ok(errors[i]!.length <= 2, `member ${i}: ${errors[i]!.map((e) => e.message)}`);
+      for (const error of errors[i]!) assert.match(error.message, /lock table is full/);
+    }
+    assert.equal((await viewGroup(pg, 3030, shards)).members.length, 3);
+  } finally {
+    await Promise.all(groups.map((g) => g.shutdown()));
+  }
+});
