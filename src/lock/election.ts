@@ -123,6 +123,12 @@ export class Election {
     | { readonly giveUp: AbortController; readonly over: PromiseWithResolvers<void> }
     | undefined;
   #finished: Promise<void> | undefined;
+  /**
+   * The `lost` event of a term whose session ended while reconnecting, until the reconnect phase
+   * decides (regained: dropped; otherwise dispatched, also when a stop or step-down ends a
+   * regained grant that waits out the lease).
+   */
+  #pendingLoss: LostEvent | undefined;
   /** How long the release waits for the term's work (set by the stop or step-down request). */
   #drainMs = 0;
   /** How long a step-down stays out of the lock queue after its unlock. */
@@ -283,9 +289,9 @@ export class Election {
    */
   async stepDown(timeoutMs: number, drainMs = 0, yieldMs = 0): Promise<void> {
     const outwaiting = this.#outwaiting;
-    if (outwaiting && this.#state === "acquiring") {
-      // A grant not announced yet: given up, and competing again after the yield. (A lock
-      // regained while reconnecting keeps waiting: the reconnect phase owns that grant.)
+    if (outwaiting && (this.#state === "acquiring" || this.#state === "reconnecting")) {
+      // A grant not announced yet (fresh, or regained while reconnecting): given up, and
+      // competing again after the yield.
       this.#yieldMs = yieldMs;
       outwaiting.giveUp.abort();
       await this.#owner.within(outwaiting.over.promise, timeoutMs, "stepDown");
@@ -339,7 +345,10 @@ export class Election {
       this.#term?.state.end("released");
       await this.#owner.close(true);
       this.#settleStepDown();
-      this.#setState("stopped");
+      // A stop while a regained grant waited out the lease: the lost term still ends.
+      const loss = this.#pendingLoss;
+      this.#pendingLoss = undefined;
+      this.#setState("stopped", loss ? [loss] : []);
       this.#ready.reject(
         this.fatalError ?? new PgLeaderLockError("LeaderLock stopped before it connected"),
       );
@@ -416,6 +425,7 @@ export class Election {
       );
     }
     this.#acquirer.led();
+    this.#pendingLoss = undefined; // regained: `acquired` (regained) replaces it
     this.#stepDownRequested = new AbortController();
     const view = this.#fence.term(state);
     this.#term = { state, view };
@@ -486,7 +496,11 @@ export class Election {
   async #giveUp(): Promise<Phase> {
     await this.#owner.close(true);
     this.#outwaiting?.over.resolve();
-    if (!this.#competesAgain()) return DONE;
+    const loss = this.#pendingLoss;
+    if (loss) {
+      // A grant regained while reconnecting: the lost term ends here.
+      if (this.#afterTerm(loss) === DONE) return DONE;
+    } else if (!this.#competesAgain()) return DONE;
     this.#setState("follower");
     if (this.#yieldMs > 0) await sleep(this.#yieldMs, [this.#stop.signal]);
     return this.#stopping ? DONE : CONNECT;
@@ -623,6 +637,7 @@ export class Election {
       !this.#stopping
     ) {
       this.#setState("reconnecting");
+      this.#pendingLoss = new LostEvent(reason, term.token, lockError);
       const deadline = this.#clock() + reconnectGraceMs;
       return { kind: "reconnect", token: term.token, reason, error: lockError, deadline };
     }
@@ -674,6 +689,7 @@ export class Election {
    * that says why. The one place that decides whether the election goes on.
    */
   #afterTerm(event: LostEvent, competing: LockState = "follower", delayMs = 0): Phase {
+    this.#pendingLoss = undefined;
     const again = this.#competesAgain();
     this.#setState(again ? competing : "stopped", [event]);
     if (!again) return DONE;

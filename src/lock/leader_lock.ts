@@ -162,6 +162,11 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   #telemetry: Promise<void> | undefined;
   /** Listeners of `leaderchange`: followers read the holder after every window while any exist. */
   readonly #leaderChangeListeners = new Set<EventListener>();
+  /**
+   * For a `leaderchange` listener added with `once` or a `signal`: forgets it when the event
+   * target removes it by itself (after its one call, or when the signal aborts).
+   */
+  readonly #leaderChangeForgetters = new Map<EventListener, EventListener>();
   /** The running lead() work of the current term, until it has returned: a release drains it. */
   #work: Promise<void> | undefined;
   readonly #wrappers = new ListenerWrappers(
@@ -603,10 +608,24 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
   ): void {
     if (listener === null) return;
     const wrapped = this.#wrappers.get(type, listener, options, true)!;
-    if (type === "leaderchange") {
-      this.#leaderChangeListeners.add(wrapped);
-    }
+    const added = type === "leaderchange" && !this.#leaderChangeListeners.has(wrapped);
     super.addEventListener(type, wrapped, options);
+    if (added) {
+      this.#leaderChangeListeners.add(wrapped);
+      const { once = false, signal } = typeof options === "object" ? options : {};
+      if (once || signal) {
+        const forget = () => {
+          if (this.#leaderChangeForgetters.get(wrapped) !== forget) return;
+          this.#leaderChangeForgetters.delete(wrapped);
+          this.#leaderChangeListeners.delete(wrapped);
+          super.removeEventListener(type, forget, options);
+        };
+        this.#leaderChangeForgetters.set(wrapped, forget);
+        // Registered after the listener: called right after its one call, in the same dispatch.
+        if (once) super.addEventListener(type, forget, options);
+        signal?.addEventListener("abort", forget, { once: true });
+      }
+    }
   }
 
   /**
@@ -642,7 +661,12 @@ export class LeaderLock extends EventTarget implements AsyncDisposable {
     const wrapped = this.#wrappers.get(type, listener, options, false);
     if (!wrapped) return;
     super.removeEventListener(type, wrapped, options);
-    if (type === "leaderchange") this.#leaderChangeListeners.delete(wrapped);
+    if (type === "leaderchange") {
+      this.#leaderChangeListeners.delete(wrapped);
+      const forget = this.#leaderChangeForgetters.get(wrapped);
+      this.#leaderChangeForgetters.delete(wrapped);
+      if (forget) super.removeEventListener(type, forget, options);
+    }
   }
 
   /** Reports a listener's failure as an `error` event (or on the console, for an `error` listener). */

@@ -18,7 +18,7 @@ import {
   wallNow,
 } from "../../src/testing/scenarios.ts";
 import type { CandidateConfig } from "../../src/testing/candidate.ts";
-import { LeaderLock } from "../../mod.ts";
+import { LeaderLock, LostEvent, StateChangeEvent } from "../../mod.ts";
 import { fastOptions, freshKeys, holders, shutdownAll, until, untilQueued } from "../_helpers.ts";
 
 const SAFE: Partial<CandidateConfig> = { ...SCENARIO_TIMINGS, takeover: "safe" };
@@ -306,5 +306,75 @@ Deno.test('takeover: "safe" waits as `acquiring`, keeps its session, and release
     }
     new LeaderLock(fastOptions(pg, freshKeys(), { takeover: "safe" }));
     new LeaderLock(fastOptions(pg, freshKeys(), { takeover: "fast" }));
+  });
+});
+
+Deno.test('takeover: "safe" with reconnectGraceMs: a regained grant waiting out the lease obeys stepDown() and shutdown()', async (t) => {
+  await using pg = await startPostgres();
+  const options = {
+    healthIntervalMs: 200,
+    leaseMs: 1500,
+    reconnectGraceMs: 3000,
+    takeover: "safe" as const,
+  };
+
+  /** The lock leads, its backend is terminated, and it regains the lock on a new session. */
+  async function regainedWaiting(keys: { key1: number; key2: number }) {
+    const lock = new LeaderLock(fastOptions(pg, keys, options));
+    const events: string[] = [];
+    for (const type of ["acquired", "lost", "statechange"]) {
+      lock.addEventListener(type, (event: Event) => {
+        events.push(
+          event instanceof StateChangeEvent
+            ? event.to
+            : event instanceof LostEvent
+            ? `lost:${event.reason}:${event.fencingToken}`
+            : type,
+        );
+      });
+    }
+    await lock.start();
+    assert(await lock.waitForLeadership({ timeoutMs: 5000 }), "the lock leads");
+    const token = lock.fencingToken!;
+    const pid = lock.backendPid;
+    await pg.terminateBackend(pid);
+    await until(
+      async () => {
+        const now = await holders(pg, keys);
+        return lock.state === "reconnecting" && now.length === 1 && now[0] !== pid;
+      },
+      5000,
+      "the regained grant",
+    );
+    return { lock, events, token };
+  }
+
+  await t.step(
+    "stepDown() gives the grant up: the lost term ends, no second acquired",
+    async () => {
+      const keys = freshKeys();
+      const { lock, events, token } = await regainedWaiting(keys);
+      try {
+        const pid = lock.backendPid;
+        await lock.stepDown({ yieldMs: 2 * options.leaseMs });
+        assert(lock.state !== "reconnecting", `state ${lock.state} after the step-down`);
+        await until(async () => !(await holders(pg, keys)).includes(pid), 1000, "the release");
+        await sleep(options.leaseMs);
+        assertEquals(lock.isLeader, false);
+        assertEquals(events.filter((e) => e === "acquired").length, 1, events.join(" "));
+        assert(events.includes(`lost:session-ended:${token}`), events.join(" "));
+      } finally {
+        await shutdownAll([lock]);
+      }
+    },
+  );
+
+  await t.step("shutdown() ends the lost term with a lost event", async () => {
+    const { lock, events, token } = await regainedWaiting(freshKeys());
+    await lock.shutdown();
+    assertEquals(lock.state, "stopped");
+    // As every term that ends without a release: the statechange, then the lost event.
+    assertEquals(events.slice(-2), ["stopped", `lost:session-ended:${token}`]);
+    assertEquals(events.filter((e) => e.startsWith("lost:")).length, 1);
   });
 });
