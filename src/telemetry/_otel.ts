@@ -26,6 +26,8 @@ export type OtelApi = typeof import("npm:@opentelemetry/api@^1.9.0");
 
 /** The OpenTelemetry API's specifier (see the module doc for why it is not written inline). */
 export const OTEL_API = "npm:@opentelemetry/api@^1.9.0";
+/** The API's bare name, for Node.js, where the application depends on it itself. */
+const OTEL_API_BARE = "@opentelemetry/api";
 
 let loading: Promise<OtelApi> | undefined;
 
@@ -37,7 +39,11 @@ let loading: Promise<OtelApi> | undefined;
  * a later call tries again.
  */
 export function loadOtelApi(): Promise<OtelApi> {
-  loading ??= (import(OTEL_API) as Promise<OtelApi>).catch((error) => {
+  // Node.js (the npm package JSR builds) refuses `npm:` specifiers: there the API is the
+  // application's own `@opentelemetry/api` dependency, found by its bare name.
+  loading ??= (import(OTEL_API) as Promise<OtelApi>).catch(
+    (error) => (import(OTEL_API_BARE) as Promise<OtelApi>).catch(() => Promise.reject(error)),
+  ).catch((error) => {
     loading = undefined;
     throw error;
   });
