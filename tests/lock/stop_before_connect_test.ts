@@ -147,7 +147,11 @@ Deno.test("Stopping a LeaderLock before its first connection is a normal stop", 
     const status = await child.status;
     await reading;
     assertEquals(status.code, 0, child.stderrText());
-    assertEquals(lines, ["lead returned"]);
+    assertEquals(
+      lines,
+      ["lead returned: stopped"],
+      "what the README's code prints on a normal stop",
+    );
   });
 });
 
