@@ -15,12 +15,11 @@
  * @module
  */
 import { withResolvers } from "../engine/_compat.ts";
-import { ABORTED, DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
+import { ABORTED, DeadlineError, sleep } from "../engine/_async.ts";
 import { RetrySeries } from "../engine/retry_series.ts";
 import {
   asLockError,
   ConnectionError,
-  LockError,
   PgLeaderLockError,
   type TermEndReason,
 } from "../engine/errors.ts";
@@ -33,9 +32,9 @@ import {
   RenewedEvent,
   StateChangeEvent,
 } from "./events.ts";
-import { type Clock, Lease } from "../engine/lease.ts";
+import type { Clock } from "../engine/lease.ts";
 import type { LockConfig } from "../engine/config.ts";
-import { ackWindowMs, type Acquisition, LockStatements } from "../engine/protocol.ts";
+import { type Acquisition, LockStatements } from "../engine/protocol.ts";
 import { canTransition, type LockState } from "../engine/state.ts";
 import type { LeaderTerm, Term } from "../engine/term.ts";
 import { EventQueue } from "../engine/event_queue.ts";
@@ -45,8 +44,10 @@ import {
   SessionLost,
   SessionOwner,
 } from "../engine/session_owner.ts";
-import { Fence, TermState } from "../engine/fence.ts";
+import { Fence, type TermState } from "../engine/fence.ts";
 import { Acquirer } from "./acquire.ts";
+import { Grants } from "./grant.ts";
+import { linger, release, type ReleaseOptions } from "./release.ts";
 
 type Phase =
   | {
@@ -73,14 +74,6 @@ type Phase =
 
 const DONE: Phase = { kind: "done" };
 const CONNECT: Phase = { kind: "connect" };
-/**
- * How long a session that handed the lock over stays open before it closes (shutdown, or a
- * step-down without autoReacquire): its release statement stays visible in pg_stat_activity while
- * the new holder's backend looks for it, even when that backend is slow to run. A session that
- * queues again keeps it visible with its next wait statement instead.
- */
-const HANDOVER_LINGER_MS = 20;
-
 /** A term: the engine's state of it, and the user's view. */
 interface CurrentTerm {
   readonly state: TermState;
@@ -113,15 +106,13 @@ export class Election {
   readonly #fence: Fence;
   readonly #ready = withResolvers<void>();
   readonly #acquirer: Acquirer;
+  readonly #grants: Grants;
+  readonly #releasing: ReleaseOptions;
   #state: LockState = "stopped";
   /** The current or last term, and the user's view of it. */
   #term: CurrentTerm | undefined;
   #stepDown: PromiseWithResolvers<void> | undefined;
   #stepDownRequested = new AbortController();
-  /** While a grant waits out the previous holder's lease (`takeover: "safe"`). */
-  #outwaiting:
-    | { readonly giveUp: AbortController; readonly over: PromiseWithResolvers<void> }
-    | undefined;
   #finished: Promise<void> | undefined;
   /** How long the release waits for the term's work (set by the stop or step-down request). */
   #drainMs = 0;
@@ -181,6 +172,14 @@ export class Election {
       watchHolder: () => this.#hooks.watchHolder?.() ?? false,
       onInvalid,
     });
+    this.#grants = new Grants({
+      config,
+      owner: this.#owner,
+      statements: this.#statements,
+      clock,
+      stop: this.#stop.signal,
+    });
+    this.#releasing = { config, owner: this.#owner, statements: this.#statements, clock };
     this.#ready.promise.catch(() => {});
   }
 
@@ -282,7 +281,7 @@ export class Election {
    * @throws {ShutdownError} When `timeoutMs` passed first.
    */
   async stepDown(timeoutMs: number, drainMs = 0, yieldMs = 0): Promise<void> {
-    const outwaiting = this.#outwaiting;
+    const outwaiting = this.#grants.outwaiting;
     if (outwaiting && this.#state === "acquiring") {
       // A grant not announced yet: given up, and competing again after the yield. (A lock
       // regained while reconnecting keeps waiting: the reconnect phase owns that grant.)
@@ -374,47 +373,16 @@ export class Election {
   }
 
   /**
-   * The one way to become leader, fresh or regained. A lock that was not handed over is held for
-   * `settleMs` before announcing: a holder whose backend was just killed learns it from its
-   * socket about when (sometimes after) this process learns of the grant, and must stop claiming
-   * first. The grant's short acknowledgement window is the lease until the first ownership check,
-   * sent as soon as the term starts, arms the full lease on the server.
+   * The one way to become leader, fresh or regained: the grant is taken to its announcement
+   * ({@linkcode Grants.settle}: settle or safe takeover), then the term is announced.
    */
   async #becomeLeader(acquisition: Acquisition, sentAt: number, regained: boolean): Promise<Phase> {
     const answeredAt = this.#clock();
     this.#acquirer.granted();
-    const { leaseMs, settleMs } = this.#config;
-    const lease = new Lease(leaseMs, this.#clock);
-    // The window runs on the server from the end of the grant statement; a grant after a long
-    // wait in the queue would otherwise start with an expired window.
-    lease.grant(sentAt + acquisition.waitedMs, ackWindowMs(leaseMs));
-    const state = new TermState({
-      token: acquisition.token!,
-      regained,
-      lease,
-      session: this.#owner.session!,
-      facts: this.#owner.facts!,
-      clock: this.#clock,
-    });
-    if (!acquisition.handedOver && this.#config.takeover === "safe") {
-      const next = await this.#outwait(state, answeredAt);
-      if (next) return next;
-    } else if (!acquisition.handedOver && settleMs > 0) {
-      const settledAt = this.#clock() + settleMs;
-      // Acknowledge the grant while settling: the server arms the full lease.
-      if (!(await this.#acknowledge(state))) return DONE;
-      await sleep(settledAt - this.#clock(), [this.#stop.signal, this.#owner.lost]);
-      this.#owner.throwIfLost();
-      if (this.#stopping) return DONE; // closing the session releases the lock
-    }
-    this.#owner.throwIfLost();
-    if (!lease.valid) {
-      // The answer came after the grant's acknowledgement window (this process or its network
-      // was stalled): the server has ended or is ending the session, and another may lead.
-      throw new PgLeaderLockError(
-        "The lock was granted, but its answer came after the grant's acknowledgement window",
-      );
-    }
+    const settled = await this.#grants.settle(acquisition, sentAt, answeredAt, regained);
+    if (settled.kind === "stopped") return DONE;
+    if (settled.kind === "given-up") return await this.#giveUp();
+    const { state } = settled;
     this.#acquirer.led();
     this.#stepDownRequested = new AbortController();
     const view = this.#fence.term(state);
@@ -422,94 +390,20 @@ export class Election {
     state.armTimer();
     this.#setState("leader", [
       new AcquiredEvent(state.token, regained, view),
-      new RenewedEvent(state.token, lease.deadline),
+      new RenewedEvent(state.token, state.lease.deadline),
     ]);
     return { kind: "lead" };
   }
 
   /**
-   * `takeover: "safe"`: holds a grant that was not handed over, unannounced (`acquiring`), until
-   * the previous holder's claim has surely ended: `leaseMs` after the grant's answer arrived here.
-   *
-   * Why that is enough: the previous holder counts itself leader until `s + leaseMs - margin` on
-   * its monotonic clock, where `s` is when it sent its last statement that answered (an
-   * ownership check or a fenced statement), and `margin` is `leaseMarginMs(leaseMs)` (10 % of the
-   * lease, 5 ms to 1 s). That statement ran on the server while its session still held the lock,
-   * so before this grant, which happened before its answer arrived here: `s < answeredAt`. This
-   * process announces at `answeredAt + leaseMs`, so the two claims are apart by at least the
-   * margin plus `answeredAt - s` (the latency of the grant's answer at the least), which absorbs
-   * timer lateness and the rate difference of two monotonic clocks (parts per million). The send
-   * time of the grant statement would not do: a follower queued in a wait window sent it before
-   * the holder's later checks. What it assumes: every candidate's `leaseMs` is at most this
-   * one's, and the previous holder's monotonic clock runs while it is paused (CLOCK_MONOTONIC
-   * does under SIGSTOP and CPU starvation; a host suspended as a whole is beyond any lease).
-   *
-   * Meanwhile the grant is acknowledged at once and checked every `healthIntervalMs`, which keeps
-   * the session and its server-side lease (`idle_session_timeout`) armed. A stop closes the
-   * session; a step-down gives the grant up ({@linkcode #giveUp}).
-   *
-   * @returns `undefined` once the wait is over (announce), else the next phase.
-   * @throws {PgLeaderLockError} When a check finds the lock not held or does not answer in time.
-   */
-  async #outwait(state: TermState, answeredAt: number): Promise<Phase | undefined> {
-    const announceAt = answeredAt + this.#config.leaseMs;
-    const giveUp = new AbortController();
-    const over = withResolvers<void>();
-    this.#outwaiting = { giveUp, over };
-    try {
-      if (!(await this.#acknowledge(state))) return DONE;
-      for (;;) {
-        const dueAt = state.lastCheckSentAt + this.#config.healthIntervalMs;
-        await sleep(Math.min(announceAt, dueAt) - this.#clock(), [
-          this.#stop.signal,
-          this.#owner.lost,
-          giveUp.signal,
-        ]);
-        this.#owner.throwIfLost();
-        if (this.#stopping) return DONE; // closing the session releases the lock
-        if (giveUp.signal.aborted) return await this.#giveUp();
-        if (this.#clock() >= announceAt) return undefined;
-        if (this.#clock() >= dueAt && !(await this.#acknowledge(state))) return DONE;
-      }
-    } finally {
-      this.#outwaiting = undefined;
-      over.resolve();
-    }
-  }
-
-  /**
-   * A step-down while a grant waits out the previous holder's lease: the session is closed,
-   * which frees the lock without the release marker (the unlock statement carries it), so the
-   * next holder waits out the same lease; then, with autoReacquire, a new session competes again
-   * after the yield.
+   * A grant given up by a step-down while it waited out the previous holder's lease (its session
+   * is closed): with autoReacquire, a new session competes again after the yield.
    */
   async #giveUp(): Promise<Phase> {
-    await this.#owner.close(true);
-    this.#outwaiting?.over.resolve();
     if (!this.#competesAgain()) return DONE;
     this.#setState("follower");
     if (this.#yieldMs > 0) await sleep(this.#yieldMs, [this.#stop.signal]);
     return this.#stopping ? DONE : CONNECT;
-  }
-
-  /**
-   * The first ownership check of a term, before it is announced: re-arms the server-side lease
-   * over the grant's short window. `false` when stopping.
-   *
-   * @throws {PgLeaderLockError} When the lock is not held after all, or no answer came within
-   * the grant's window (the caller closes the session, which frees the lock).
-   */
-  async #acknowledge(state: TermState): Promise<boolean> {
-    const sentAt = this.#clock();
-    const held = await withDeadline(
-      this.#owner.exclusive(() => this.#owner.statement((s) => this.#statements.renew(s))),
-      state.lease.remainingMs,
-    );
-    if (held === ABORTED) return false;
-    if (!held) throw new PgLeaderLockError("The lock was not held right after it was granted");
-    state.lease.renew(sentAt);
-    state.checked(sentAt);
-    return true;
   }
 
   async #leadPhase(): Promise<Phase> {
@@ -554,42 +448,23 @@ export class Election {
   }
 
   async #release(): Promise<Phase> {
-    const { token } = this.#term!.state;
-    const { key1, key2 } = this.#config;
+    const term = this.#term!.state;
+    const { token } = term;
     this.#stopClaiming(); // already done by stop() or stepDown(), which led here
-    await this.#drain();
-    if (this.#owner.lost.aborted) {
+    const released = await release(this.#releasing, term, this.#hooks.work?.(), this.#drainMs);
+    if (released.kind === "lost") {
       this.#settleStepDown();
-      const error = asLockError(this.#owner.lastError, "The session ended");
-      return this.#afterTerm(new LostEvent("session-ended", token, error));
+      return this.#afterTerm(new LostEvent("session-ended", token, released.error));
     }
-    let outcome;
-    try {
-      outcome = await this.#owner.exclusive((session) => this.#statements.unlock(session));
-    } catch (error) {
-      // The session died under the unlock: the lock went with it.
-      this.#owner.destroy();
-      this.#settleStepDown();
-      return this.#afterTerm(
-        new LostEvent("session-ended", token, asLockError(error, "The session ended")),
-      );
-    }
-    if (!outcome.unlocked || outcome.stillHeld) {
-      const error = new LockError(
-        outcome.unlocked
-          ? `Lock (${key1}, ${key2}) is still held after pg_advisory_unlock`
-          : `pg_advisory_unlock(${key1}, ${key2}) returned false: the lock was not held`,
-        { key1, key2 },
-      );
-      this.#owner.destroy();
-      this.#emitError(error);
-      this.#settleStepDown(error);
-      return this.#afterTerm(new LostEvent("not-held", token, error));
+    if (released.kind === "not-held") {
+      this.#emitError(released.error);
+      this.#settleStepDown(released.error);
+      return this.#afterTerm(new LostEvent("not-held", token, released.error));
     }
     this.#events.emit(new ReleasedEvent(token));
     this.#settleStepDown();
     if (!this.#competesAgain()) {
-      if (outcome.handedOver) await sleep(HANDOVER_LINGER_MS, []);
+      await linger(released);
       return DONE;
     }
     // Back into the queue behind any waiting follower, never a try-lock first: a try-lock right
@@ -687,21 +562,6 @@ export class Election {
     term.stopClaiming();
     this.#setState("releasing");
     term.end("released");
-  }
-
-  /**
-   * Graceful handover: waits for the term's work to return, at most `drainMs` and never past the
-   * lease the server still holds for this session (the lock must not lapse on the server while
-   * the old term drains), nor past the session's end.
-   */
-  async #drain(): Promise<void> {
-    const work = this.#hooks.work?.();
-    const claimDeadline = this.#term?.state.claimDeadline ?? -Infinity;
-    const boundMs = Math.min(this.#drainMs, claimDeadline - this.#clock());
-    if (!work || boundMs <= 0) return;
-    const ended = new AbortController();
-    work.then(() => ended.abort(), () => ended.abort());
-    await sleep(boundMs, [ended.signal, this.#owner.lost]);
   }
 
   /** A follower's session failed: report unless it simply ended, then reconnect (paced). */
