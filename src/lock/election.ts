@@ -15,7 +15,7 @@
  * @module
  */
 import { withResolvers } from "../engine/_compat.ts";
-import { ABORTED, DeadlineError, sleep } from "../engine/_async.ts";
+import { sleep } from "../engine/_async.ts";
 import { RetrySeries } from "../engine/retry_series.ts";
 import {
   asLockError,
@@ -38,15 +38,12 @@ import { type Acquisition, LockStatements } from "../engine/protocol.ts";
 import { canTransition, type LockState } from "../engine/state.ts";
 import type { LeaderTerm, Term } from "../engine/term.ts";
 import { EventQueue } from "../engine/event_queue.ts";
-import {
-  READ_ONLY_SQLSTATE,
-  readOnlyError,
-  SessionLost,
-  SessionOwner,
-} from "../engine/session_owner.ts";
+import { READ_ONLY_SQLSTATE, SessionLost, SessionOwner } from "../engine/session_owner.ts";
 import { Fence, type TermState } from "../engine/fence.ts";
 import { Acquirer } from "./acquire.ts";
-import { Grants } from "./grant.ts";
+import { Grants, type GrantsOptions } from "./grant.ts";
+import { lead, type LeadOptions } from "./lead.ts";
+import { regain, regainFailed, type RegainOptions } from "./reconnect.ts";
 import { linger, release, type ReleaseOptions } from "./release.ts";
 
 type Phase =
@@ -107,7 +104,8 @@ export class Election {
   readonly #ready = withResolvers<void>();
   readonly #acquirer: Acquirer;
   readonly #grants: Grants;
-  readonly #releasing: ReleaseOptions;
+  /** What the phases' pieces work with (they read it; none writes the election's fields). */
+  readonly #parts: GrantsOptions & LeadOptions & RegainOptions & ReleaseOptions;
   #state: LockState = "stopped";
   /** The current or last term, and the user's view of it. */
   #term: CurrentTerm | undefined;
@@ -172,14 +170,14 @@ export class Election {
       watchHolder: () => this.#hooks.watchHolder?.() ?? false,
       onInvalid,
     });
-    this.#grants = new Grants({
+    this.#parts = {
       config,
       owner: this.#owner,
       statements: this.#statements,
       clock,
       stop: this.#stop.signal,
-    });
-    this.#releasing = { config, owner: this.#owner, statements: this.#statements, clock };
+    };
+    this.#grants = new Grants(this.#parts);
     this.#ready.promise.catch(() => {});
   }
 
@@ -407,51 +405,21 @@ export class Election {
   }
 
   async #leadPhase(): Promise<Phase> {
-    const { healthIntervalMs } = this.#config;
-    const term = this.#term!.state;
-    const { lease } = term;
-    const lost = this.#owner.lost;
-    for (;;) {
-      const dueAt = term.acknowledged ? term.lastCheckSentAt + healthIntervalMs : this.#clock();
-      const wakeAt = Math.min(dueAt, this.#clock() + lease.remainingMs);
-      await sleep(wakeAt - this.#clock(), [
-        this.#stop.signal,
-        lost,
-        this.#stepDownRequested.signal,
-      ]);
-      if (lost.aborted) return this.#lose("session-ended", this.#owner.lastError);
-      if (this.#stopping || this.#stepDownRequested.signal.aborted) return await this.#release();
-      if (!lease.valid) return this.#lose("lease-expired", undefined);
-      if (this.#clock() < dueAt) continue;
-      const sentAt = this.#clock();
-      let held: boolean;
-      try {
-        held = await term.untilLeaseEnds(
-          this.#owner.exclusive((session) => this.#statements.renew(session)),
-        );
-      } catch (error) {
-        if (lost.aborted) return this.#lose("session-ended", this.#owner.lastError);
-        // The check's deadline is the lease's end: no answer by then is an expired lease.
-        const expired = error instanceof DeadlineError || !lease.valid;
-        return this.#lose(expired ? "lease-expired" : "session-ended", error);
-      }
-      if (!held) return this.#lose("not-held", undefined);
-      if (this.#state !== "leader") continue; // a release was asked for meanwhile
-      lease.renew(sentAt);
-      // Answered, but only after the lease it renews had run out (this process was paused while
-      // the answer waited): the server may have ended the session already.
-      if (!lease.valid) return this.#lose("lease-expired", undefined);
-      term.checked(sentAt);
-      term.armTimer();
-      this.#events.emit(new RenewedEvent(term.token, lease.deadline));
-    }
+    const end = await lead(
+      this.#parts,
+      this.#term!.state,
+      this.#stepDownRequested.signal,
+      () => this.#state === "leader",
+      (term) => this.#events.emit(new RenewedEvent(term.token, term.lease.deadline)),
+    );
+    return end.kind === "release" ? await this.#release() : this.#lose(end.reason, end.error);
   }
 
   async #release(): Promise<Phase> {
     const term = this.#term!.state;
     const { token } = term;
     this.#stopClaiming(); // already done by stop() or stepDown(), which led here
-    const released = await release(this.#releasing, term, this.#hooks.work?.(), this.#drainMs);
+    const released = await release(this.#parts, term, this.#hooks.work?.(), this.#drainMs);
     if (released.kind === "lost") {
       this.#settleStepDown();
       return this.#afterTerm(new LostEvent("session-ended", token, released.error));
@@ -509,27 +477,16 @@ export class Election {
 
   async #reconnectPhase(phase: Extract<Phase, { kind: "reconnect" }>): Promise<Phase> {
     while (this.#clock() < phase.deadline && !this.#stopping) {
-      const remaining = phase.deadline - this.#clock();
       try {
-        await this.#owner.open(
-          AbortSignal.any([this.#stop.signal, AbortSignal.timeout(Math.max(1, remaining))]),
-        );
-        const sentAt = this.#clock();
-        const result = await this.#owner.statement((s) =>
-          this.#statements.acquire(s, { wait: false, marked: false })
-        );
-        if (result === ABORTED) break;
-        if (result.readOnly) throw readOnlyError(this.#config.connector.target);
-        this.#owner.succeeded();
-        if (result.held) return await this.#becomeLeader(result, sentAt, true);
+        const regained = await regain(this.#parts, phase.deadline);
+        if (regained === undefined) break;
+        if (regained !== "taken") {
+          return await this.#becomeLeader(regained.acquisition, regained.sentAt, true);
+        }
         const next = this.#afterTerm(new LostEvent("taken", phase.token, phase.error), "acquiring");
         return next === CONNECT ? { kind: "acquire", queueOnly: true, marked: false } : next;
       } catch (error) {
-        this.#owner.destroy();
-        if (this.#stopping) break;
-        const delay = this.#owner.reconnectFailed(error);
-        if (delay === null) break;
-        await sleep(Math.min(delay, phase.deadline - this.#clock()), [this.#stop.signal]);
+        if (!(await regainFailed(this.#parts, error, phase.deadline))) break;
       }
     }
     this.#owner.destroy();
