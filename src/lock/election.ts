@@ -9,20 +9,17 @@
  * lock (a `stepDown()` from an `acquired` listener is seen after `acquired`).
  *
  * The session (open, close, turns, the stop-aborted statement runner) is the
- * {@linkcode SessionOwner}'s; the terms' fenced statements are the {@linkcode Fence}'s. This
- * module loads no driver: sessions come from the configured connector.
+ * {@linkcode SessionOwner}'s; the terms' fenced statements are the {@linkcode Fence}'s. The
+ * phases' work is in their own modules, which answer what happened and change no state here:
+ * the follower's attempts (acquire.ts), a grant's way to its announcement (grant.ts), the lead
+ * phase's checks (lead.ts), the release (release.ts), the reconnect attempts (reconnect.ts);
+ * parts.ts puts them together. This module loads no driver: sessions come from the connector.
  *
  * @module
  */
 import { withResolvers } from "../engine/_compat.ts";
 import { sleep } from "../engine/_async.ts";
-import { RetrySeries } from "../engine/retry_series.ts";
-import {
-  asLockError,
-  ConnectionError,
-  PgLeaderLockError,
-  type TermEndReason,
-} from "../engine/errors.ts";
+import { asLockError, PgLeaderLockError, type TermEndReason } from "../engine/errors.ts";
 import {
   AcquiredEvent,
   LeaderLockErrorEvent,
@@ -34,43 +31,20 @@ import {
 } from "./events.ts";
 import type { Clock } from "../engine/lease.ts";
 import type { LockConfig } from "../engine/config.ts";
-import { type Acquisition, LockStatements } from "../engine/protocol.ts";
+import type { Acquisition } from "../engine/protocol.ts";
 import { canTransition, type LockState } from "../engine/state.ts";
 import type { LeaderTerm, Term } from "../engine/term.ts";
 import { EventQueue } from "../engine/event_queue.ts";
-import { READ_ONLY_SQLSTATE, SessionLost, SessionOwner } from "../engine/session_owner.ts";
-import { Fence, type TermState } from "../engine/fence.ts";
-import { Acquirer } from "./acquire.ts";
-import { Grants, type GrantsOptions } from "./grant.ts";
-import { lead, type LeadOptions } from "./lead.ts";
-import { regain, regainFailed, type RegainOptions } from "./reconnect.ts";
-import { linger, release, type ReleaseOptions } from "./release.ts";
+import type { SessionOwner } from "../engine/session_owner.ts";
+import type { Fence, TermState } from "../engine/fence.ts";
+import type { Acquirer } from "./acquire.ts";
+import type { Grants } from "./grant.ts";
+import { lead } from "./lead.ts";
+import { assemble, type PhaseContext } from "./parts.ts";
+import { regain, regainFailed } from "./reconnect.ts";
+import { CONNECT, DONE, type Phase } from "./phase.ts";
+import { linger, release } from "./release.ts";
 
-type Phase =
-  | {
-    readonly kind: "connect";
-    /** Wait this long first: a leader that lost its session leaves the moment to its successor. */
-    readonly delayMs?: number;
-  }
-  | {
-    readonly kind: "acquire";
-    /** Skip the first try-lock: queue behind the waiting followers (after a step-down). */
-    readonly queueOnly: boolean;
-    /** The first wait carries the release comment (right after a step-down). */
-    readonly marked: boolean;
-  }
-  | { readonly kind: "lead" }
-  | {
-    readonly kind: "reconnect";
-    readonly token: bigint;
-    readonly reason: LostReason;
-    readonly error: PgLeaderLockError | undefined;
-    readonly deadline: number;
-  }
-  | { readonly kind: "done" };
-
-const DONE: Phase = { kind: "done" };
-const CONNECT: Phase = { kind: "connect" };
 /** A term: the engine's state of it, and the user's view. */
 interface CurrentTerm {
   readonly state: TermState;
@@ -96,7 +70,6 @@ export class Election {
   readonly #config: LockConfig;
   readonly #clock: Clock;
   readonly #hooks: ElectionHooks;
-  readonly #statements: LockStatements;
   readonly #events: EventQueue;
   readonly #stop = new AbortController();
   readonly #owner: SessionOwner;
@@ -105,7 +78,7 @@ export class Election {
   readonly #acquirer: Acquirer;
   readonly #grants: Grants;
   /** What the phases' pieces work with (they read it; none writes the election's fields). */
-  readonly #parts: GrantsOptions & LeadOptions & RegainOptions & ReleaseOptions;
+  readonly #parts: PhaseContext;
   #state: LockState = "stopped";
   /** The current or last term, and the user's view of it. */
   #term: CurrentTerm | undefined;
@@ -135,49 +108,17 @@ export class Election {
     this.#clock = clock;
     this.#hooks = hooks;
     this.#events = new EventQueue(dispatch);
-    this.#statements = new LockStatements(config.key1, config.key2, config.leaseMs);
-    const { connector, settings } = config;
-    const onInvalid = (what: string, cause: unknown) =>
-      this.#emitError(
-        new PgLeaderLockError(
-          `The retry strategy ${what}, which is not a delay in ms or null: retrying in 1000 ms`,
-          { cause },
-        ),
-      );
-    this.#owner = new SessionOwner({
-      connector,
-      settings,
-      statements: this.#statements,
-      stop: this.#stop.signal,
-      retry: new RetrySeries(config.retryStrategy, clock, onInvalid),
-      report: (error, retryInMs) => this.#emitError(error, retryInMs),
-    });
-    this.#fence = new Fence({
-      statements: this.#statements,
-      settings,
-      port: this.#owner,
-      clock,
-      renewed: (term) => this.#events.emit(new RenewedEvent(term.token, term.lease.deadline)),
-    });
-    this.#acquirer = new Acquirer({
-      config,
-      owner: this.#owner,
-      statements: this.#statements,
-      clock,
-      stop: this.#stop.signal,
+    const parts = assemble(config, clock, this.#stop.signal, {
       emit: (...events) => this.#events.emit(...events),
+      emitError: (error, retryInMs) => this.#emitError(error, retryInMs),
       setState: (to) => this.#setState(to),
       watchHolder: () => this.#hooks.watchHolder?.() ?? false,
-      onInvalid,
     });
-    this.#parts = {
-      config,
-      owner: this.#owner,
-      statements: this.#statements,
-      clock,
-      stop: this.#stop.signal,
-    };
-    this.#grants = new Grants(this.#parts);
+    this.#owner = parts.owner;
+    this.#fence = parts.fence;
+    this.#acquirer = parts.acquirer;
+    this.#grants = parts.grants;
+    this.#parts = parts.context;
     this.#ready.promise.catch(() => {});
   }
 
@@ -366,7 +307,7 @@ export class Election {
       if (!grant) return DONE;
       return await this.#becomeLeader(grant.acquisition, grant.sentAt, false);
     } catch (error) {
-      return await this.#followerFailed(error);
+      return (await this.#acquirer.failed(error)) ? CONNECT : DONE;
     }
   }
 
@@ -521,23 +462,6 @@ export class Election {
     term.end("released");
   }
 
-  /** A follower's session failed: report unless it simply ended, then reconnect (paced). */
-  async #followerFailed(error: unknown): Promise<Phase> {
-    this.#owner.destroy();
-    if (this.#stopping) return DONE;
-    if (isReadOnlyRefusal(error)) {
-      // The lock statement found a standby (a router that sends statements to different
-      // servers): one error event and a paced retry, as for a session set-up refused.
-      this.#setState("follower");
-      return (await this.#owner.pace(error)) ? CONNECT : DONE;
-    }
-    if (!(error instanceof SessionLost)) {
-      this.#emitError(asLockError(error, "A statement of the lock protocol failed"));
-    }
-    this.#setState("follower");
-    return (await this.#owner.retry(error)) ? CONNECT : DONE;
-  }
-
   #settleStepDown(error?: unknown): void {
     const pending = this.#stepDown;
     this.#stepDown = undefined;
@@ -566,9 +490,4 @@ export class Election {
   #emitError(error: PgLeaderLockError, retryInMs?: number): void {
     this.#events.emit(new LeaderLockErrorEvent(error, retryInMs));
   }
-}
-
-/** Whether `error` is the refusal of a session on a standby (transient: paced, then retried). */
-function isReadOnlyRefusal(error: unknown): error is ConnectionError {
-  return error instanceof ConnectionError && error.code === READ_ONLY_SQLSTATE;
 }
