@@ -2,12 +2,13 @@
  * {@linkcode Acquirer}: a follower's side of the election, from a session that holds nothing to a
  * grant. In wait mode: one try-lock, then wait windows in PostgreSQL's lock queue; in poll mode:
  * try-locks paced by the retry strategy. It reports `acquirefailed` per attempt and
- * `leaderchange` when the holder it sees changes; the election decides what a grant becomes.
+ * `leaderchange` when the holder it sees changes, and paces the next session after a failed one;
+ * the election decides what a grant becomes.
  *
  * @module
  */
 import { ABORTED, sleep } from "../engine/_async.ts";
-import { PgLeaderLockError, sqlState } from "../engine/errors.ts";
+import { asLockError, ConnectionError, PgLeaderLockError, sqlState } from "../engine/errors.ts";
 import type { Clock } from "../engine/lease.ts";
 import type { LockConfig } from "../engine/config.ts";
 import {
@@ -18,7 +19,12 @@ import {
   type LockStatements,
 } from "../engine/protocol.ts";
 import { RetrySeries } from "../engine/retry_series.ts";
-import { readOnlyError, SessionLost, type SessionOwner } from "../engine/session_owner.ts";
+import {
+  READ_ONLY_SQLSTATE,
+  readOnlyError,
+  SessionLost,
+  type SessionOwner,
+} from "../engine/session_owner.ts";
 import { AcquireFailedEvent, LeaderChangeEvent, LeaderLockErrorEvent } from "./events.ts";
 
 /** A grant: the acquisition that took the lock, and when its statement was sent. */
@@ -89,6 +95,30 @@ export class Acquirer {
   /** A term was announced: attempts count from zero again. */
   led(): void {
     this.#attempts = 0;
+  }
+
+  /**
+   * A follower's session failed: closes it, reports the failure unless the session simply ended,
+   * then waits out the pacing before the next session.
+   *
+   * @param error Why it failed.
+   * @returns Whether to connect again (`false` when stopping, or when the pacing gave up).
+   */
+  async failed(error: unknown): Promise<boolean> {
+    const { owner, stop, setState, emit } = this.#options;
+    owner.destroy();
+    if (stop.aborted) return false;
+    if (isReadOnlyRefusal(error)) {
+      // The lock statement found a standby (a router that sends statements to different
+      // servers): one error event and a paced retry, as for a session set-up refused.
+      setState("follower");
+      return await owner.pace(error);
+    }
+    if (!(error instanceof SessionLost)) {
+      emit(new LeaderLockErrorEvent(asLockError(error, "A statement of the lock protocol failed")));
+    }
+    setState("follower");
+    return await owner.retry(error);
   }
 
   /**
@@ -171,4 +201,9 @@ export class Acquirer {
     emit(...events);
     return undefined;
   }
+}
+
+/** Whether `error` is the refusal of a session on a standby (transient: paced, then retried). */
+function isReadOnlyRefusal(error: unknown): error is ConnectionError {
+  return error instanceof ConnectionError && error.code === READ_ONLY_SQLSTATE;
 }

@@ -9,21 +9,17 @@
  * lock (a `stepDown()` from an `acquired` listener is seen after `acquired`).
  *
  * The session (open, close, turns, the stop-aborted statement runner) is the
- * {@linkcode SessionOwner}'s; the terms' fenced statements are the {@linkcode Fence}'s. This
- * module loads no driver: sessions come from the configured connector.
+ * {@linkcode SessionOwner}'s; the terms' fenced statements are the {@linkcode Fence}'s. The
+ * phases' work is in their own modules, which answer what happened and change no state here:
+ * the follower's attempts (acquire.ts), a grant's way to its announcement (grant.ts), the lead
+ * phase's checks (lead.ts), the release (release.ts), the reconnect attempts (reconnect.ts);
+ * parts.ts puts them together. This module loads no driver: sessions come from the connector.
  *
  * @module
  */
 import { withResolvers } from "../engine/_compat.ts";
-import { ABORTED, DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
-import { RetrySeries } from "../engine/retry_series.ts";
-import {
-  asLockError,
-  ConnectionError,
-  LockError,
-  PgLeaderLockError,
-  type TermEndReason,
-} from "../engine/errors.ts";
+import { sleep } from "../engine/_async.ts";
+import { asLockError, PgLeaderLockError, type TermEndReason } from "../engine/errors.ts";
 import {
   AcquiredEvent,
   LeaderLockErrorEvent,
@@ -33,53 +29,21 @@ import {
   RenewedEvent,
   StateChangeEvent,
 } from "./events.ts";
-import { type Clock, Lease } from "../engine/lease.ts";
+import type { Clock } from "../engine/lease.ts";
 import type { LockConfig } from "../engine/config.ts";
-import { ackWindowMs, type Acquisition, LockStatements } from "../engine/protocol.ts";
+import type { Acquisition } from "../engine/protocol.ts";
 import { canTransition, type LockState } from "../engine/state.ts";
 import type { LeaderTerm, Term } from "../engine/term.ts";
 import { EventQueue } from "../engine/event_queue.ts";
-import {
-  READ_ONLY_SQLSTATE,
-  readOnlyError,
-  SessionLost,
-  SessionOwner,
-} from "../engine/session_owner.ts";
-import { Fence, TermState } from "../engine/fence.ts";
-import { Acquirer } from "./acquire.ts";
-
-type Phase =
-  | {
-    readonly kind: "connect";
-    /** Wait this long first: a leader that lost its session leaves the moment to its successor. */
-    readonly delayMs?: number;
-  }
-  | {
-    readonly kind: "acquire";
-    /** Skip the first try-lock: queue behind the waiting followers (after a step-down). */
-    readonly queueOnly: boolean;
-    /** The first wait carries the release comment (right after a step-down). */
-    readonly marked: boolean;
-  }
-  | { readonly kind: "lead" }
-  | {
-    readonly kind: "reconnect";
-    readonly token: bigint;
-    readonly reason: LostReason;
-    readonly error: PgLeaderLockError | undefined;
-    readonly deadline: number;
-  }
-  | { readonly kind: "done" };
-
-const DONE: Phase = { kind: "done" };
-const CONNECT: Phase = { kind: "connect" };
-/**
- * How long a session that handed the lock over stays open before it closes (shutdown, or a
- * step-down without autoReacquire): its release statement stays visible in pg_stat_activity while
- * the new holder's backend looks for it, even when that backend is slow to run. A session that
- * queues again keeps it visible with its next wait statement instead.
- */
-const HANDOVER_LINGER_MS = 20;
+import type { SessionOwner } from "../engine/session_owner.ts";
+import type { Fence, TermState } from "../engine/fence.ts";
+import type { Acquirer } from "./acquire.ts";
+import type { Grants } from "./grant.ts";
+import { lead } from "./lead.ts";
+import { assemble, type PhaseContext } from "./parts.ts";
+import { regain, regainFailed } from "./reconnect.ts";
+import { CONNECT, DONE, type Phase } from "./phase.ts";
+import { linger, release } from "./release.ts";
 
 /** A term: the engine's state of it, and the user's view. */
 interface CurrentTerm {
@@ -106,22 +70,20 @@ export class Election {
   readonly #config: LockConfig;
   readonly #clock: Clock;
   readonly #hooks: ElectionHooks;
-  readonly #statements: LockStatements;
   readonly #events: EventQueue;
   readonly #stop = new AbortController();
   readonly #owner: SessionOwner;
   readonly #fence: Fence;
   readonly #ready = withResolvers<void>();
   readonly #acquirer: Acquirer;
+  readonly #grants: Grants;
+  /** What the phases' pieces work with (they read it; none writes the election's fields). */
+  readonly #parts: PhaseContext;
   #state: LockState = "stopped";
   /** The current or last term, and the user's view of it. */
   #term: CurrentTerm | undefined;
   #stepDown: PromiseWithResolvers<void> | undefined;
   #stepDownRequested = new AbortController();
-  /** While a grant waits out the previous holder's lease (`takeover: "safe"`). */
-  #outwaiting:
-    | { readonly giveUp: AbortController; readonly over: PromiseWithResolvers<void> }
-    | undefined;
   #finished: Promise<void> | undefined;
   /**
    * The `lost` event of a term whose session ended while reconnecting, until the reconnect phase
@@ -152,41 +114,17 @@ export class Election {
     this.#clock = clock;
     this.#hooks = hooks;
     this.#events = new EventQueue(dispatch);
-    this.#statements = new LockStatements(config.key1, config.key2, config.leaseMs);
-    const { connector, settings } = config;
-    const onInvalid = (what: string, cause: unknown) =>
-      this.#emitError(
-        new PgLeaderLockError(
-          `The retry strategy ${what}, which is not a delay in ms or null: retrying in 1000 ms`,
-          { cause },
-        ),
-      );
-    this.#owner = new SessionOwner({
-      connector,
-      settings,
-      statements: this.#statements,
-      stop: this.#stop.signal,
-      retry: new RetrySeries(config.retryStrategy, clock, onInvalid),
-      report: (error, retryInMs) => this.#emitError(error, retryInMs),
-    });
-    this.#fence = new Fence({
-      statements: this.#statements,
-      settings,
-      port: this.#owner,
-      clock,
-      renewed: (term) => this.#events.emit(new RenewedEvent(term.token, term.lease.deadline)),
-    });
-    this.#acquirer = new Acquirer({
-      config,
-      owner: this.#owner,
-      statements: this.#statements,
-      clock,
-      stop: this.#stop.signal,
+    const parts = assemble(config, clock, this.#stop.signal, {
       emit: (...events) => this.#events.emit(...events),
+      emitError: (error, retryInMs) => this.#emitError(error, retryInMs),
       setState: (to) => this.#setState(to),
       watchHolder: () => this.#hooks.watchHolder?.() ?? false,
-      onInvalid,
     });
+    this.#owner = parts.owner;
+    this.#fence = parts.fence;
+    this.#acquirer = parts.acquirer;
+    this.#grants = parts.grants;
+    this.#parts = parts.context;
     this.#ready.promise.catch(() => {});
   }
 
@@ -288,7 +226,7 @@ export class Election {
    * @throws {ShutdownError} When `timeoutMs` passed first.
    */
   async stepDown(timeoutMs: number, drainMs = 0, yieldMs = 0): Promise<void> {
-    const outwaiting = this.#outwaiting;
+    const outwaiting = this.#grants.outwaiting;
     if (outwaiting && (this.#state === "acquiring" || this.#state === "reconnecting")) {
       // A grant not announced yet (fresh, or regained while reconnecting): given up, and
       // competing again after the yield.
@@ -378,52 +316,21 @@ export class Election {
       if (!grant) return DONE;
       return await this.#becomeLeader(grant.acquisition, grant.sentAt, false);
     } catch (error) {
-      return await this.#followerFailed(error);
+      return (await this.#acquirer.failed(error)) ? CONNECT : DONE;
     }
   }
 
   /**
-   * The one way to become leader, fresh or regained. A lock that was not handed over is held for
-   * `settleMs` before announcing: a holder whose backend was just killed learns it from its
-   * socket about when (sometimes after) this process learns of the grant, and must stop claiming
-   * first. The grant's short acknowledgement window is the lease until the first ownership check,
-   * sent as soon as the term starts, arms the full lease on the server.
+   * The one way to become leader, fresh or regained: the grant is taken to its announcement
+   * ({@linkcode Grants.settle}: settle or safe takeover), then the term is announced.
    */
   async #becomeLeader(acquisition: Acquisition, sentAt: number, regained: boolean): Promise<Phase> {
     const answeredAt = this.#clock();
     this.#acquirer.granted();
-    const { leaseMs, settleMs } = this.#config;
-    const lease = new Lease(leaseMs, this.#clock);
-    // The window runs on the server from the end of the grant statement; a grant after a long
-    // wait in the queue would otherwise start with an expired window.
-    lease.grant(sentAt + acquisition.waitedMs, ackWindowMs(leaseMs));
-    const state = new TermState({
-      token: acquisition.token!,
-      regained,
-      lease,
-      session: this.#owner.session!,
-      facts: this.#owner.facts!,
-      clock: this.#clock,
-    });
-    if (!acquisition.handedOver && this.#config.takeover === "safe") {
-      const next = await this.#outwait(state, answeredAt);
-      if (next) return next;
-    } else if (!acquisition.handedOver && settleMs > 0) {
-      const settledAt = this.#clock() + settleMs;
-      // Acknowledge the grant while settling: the server arms the full lease.
-      if (!(await this.#acknowledge(state))) return DONE;
-      await sleep(settledAt - this.#clock(), [this.#stop.signal, this.#owner.lost]);
-      this.#owner.throwIfLost();
-      if (this.#stopping) return DONE; // closing the session releases the lock
-    }
-    this.#owner.throwIfLost();
-    if (!lease.valid) {
-      // The answer came after the grant's acknowledgement window (this process or its network
-      // was stalled): the server has ended or is ending the session, and another may lead.
-      throw new PgLeaderLockError(
-        "The lock was granted, but its answer came after the grant's acknowledgement window",
-      );
-    }
+    const settled = await this.#grants.settle(acquisition, sentAt, answeredAt, regained);
+    if (settled.kind === "stopped") return DONE;
+    if (settled.kind === "given-up") return await this.#giveUp();
+    const { state } = settled;
     this.#acquirer.led();
     this.#pendingLoss = undefined; // regained: `acquired` (regained) replaces it
     this.#stepDownRequested = new AbortController();
@@ -432,70 +339,16 @@ export class Election {
     state.armTimer();
     this.#setState("leader", [
       new AcquiredEvent(state.token, regained, view),
-      new RenewedEvent(state.token, lease.deadline),
+      new RenewedEvent(state.token, state.lease.deadline),
     ]);
     return { kind: "lead" };
   }
 
   /**
-   * `takeover: "safe"`: holds a grant that was not handed over, unannounced (`acquiring`), until
-   * the previous holder's claim has surely ended: `leaseMs` after the grant's answer arrived here.
-   *
-   * Why that is enough: the previous holder counts itself leader until `s + leaseMs - margin` on
-   * its monotonic clock, where `s` is when it sent its last statement that answered (an
-   * ownership check or a fenced statement), and `margin` is `leaseMarginMs(leaseMs)` (10 % of the
-   * lease, 5 ms to 1 s). That statement ran on the server while its session still held the lock,
-   * so before this grant, which happened before its answer arrived here: `s < answeredAt`. This
-   * process announces at `answeredAt + leaseMs`, so the two claims are apart by at least the
-   * margin plus `answeredAt - s` (the latency of the grant's answer at the least), which absorbs
-   * timer lateness and the rate difference of two monotonic clocks (parts per million). The send
-   * time of the grant statement would not do: a follower queued in a wait window sent it before
-   * the holder's later checks. What it assumes: every candidate's `leaseMs` is at most this
-   * one's, and the previous holder's monotonic clock runs while it is paused (CLOCK_MONOTONIC
-   * does under SIGSTOP and CPU starvation; a host suspended as a whole is beyond any lease).
-   *
-   * Meanwhile the grant is acknowledged at once and checked every `healthIntervalMs`, which keeps
-   * the session and its server-side lease (`idle_session_timeout`) armed. A stop closes the
-   * session; a step-down gives the grant up ({@linkcode #giveUp}).
-   *
-   * @returns `undefined` once the wait is over (announce), else the next phase.
-   * @throws {PgLeaderLockError} When a check finds the lock not held or does not answer in time.
-   */
-  async #outwait(state: TermState, answeredAt: number): Promise<Phase | undefined> {
-    const announceAt = answeredAt + this.#config.leaseMs;
-    const giveUp = new AbortController();
-    const over = withResolvers<void>();
-    this.#outwaiting = { giveUp, over };
-    try {
-      if (!(await this.#acknowledge(state))) return DONE;
-      for (;;) {
-        const dueAt = state.lastCheckSentAt + this.#config.healthIntervalMs;
-        await sleep(Math.min(announceAt, dueAt) - this.#clock(), [
-          this.#stop.signal,
-          this.#owner.lost,
-          giveUp.signal,
-        ]);
-        this.#owner.throwIfLost();
-        if (this.#stopping) return DONE; // closing the session releases the lock
-        if (giveUp.signal.aborted) return await this.#giveUp();
-        if (this.#clock() >= announceAt) return undefined;
-        if (this.#clock() >= dueAt && !(await this.#acknowledge(state))) return DONE;
-      }
-    } finally {
-      this.#outwaiting = undefined;
-      over.resolve();
-    }
-  }
-
-  /**
-   * A step-down while a grant waits out the previous holder's lease: the session is closed,
-   * which frees the lock without the release marker (the unlock statement carries it), so the
-   * next holder waits out the same lease; then, with autoReacquire, a new session competes again
-   * after the yield.
+   * A grant given up by a step-down while it waited out the previous holder's lease (its session
+   * is closed): with autoReacquire, a new session competes again after the yield.
    */
   async #giveUp(): Promise<Phase> {
-    await this.#owner.close(true);
-    this.#outwaiting?.over.resolve();
     const loss = this.#pendingLoss;
     if (loss) {
       // A grant regained while reconnecting: the lost term ends here.
@@ -506,104 +359,35 @@ export class Election {
     return this.#stopping ? DONE : CONNECT;
   }
 
-  /**
-   * The first ownership check of a term, before it is announced: re-arms the server-side lease
-   * over the grant's short window. `false` when stopping.
-   *
-   * @throws {PgLeaderLockError} When the lock is not held after all, or no answer came within
-   * the grant's window (the caller closes the session, which frees the lock).
-   */
-  async #acknowledge(state: TermState): Promise<boolean> {
-    const sentAt = this.#clock();
-    const held = await withDeadline(
-      this.#owner.exclusive(() => this.#owner.statement((s) => this.#statements.renew(s))),
-      state.lease.remainingMs,
-    );
-    if (held === ABORTED) return false;
-    if (!held) throw new PgLeaderLockError("The lock was not held right after it was granted");
-    state.lease.renew(sentAt);
-    state.checked(sentAt);
-    return true;
-  }
-
   async #leadPhase(): Promise<Phase> {
-    const { healthIntervalMs } = this.#config;
-    const term = this.#term!.state;
-    const { lease } = term;
-    const lost = this.#owner.lost;
-    for (;;) {
-      const dueAt = term.acknowledged ? term.lastCheckSentAt + healthIntervalMs : this.#clock();
-      const wakeAt = Math.min(dueAt, this.#clock() + lease.remainingMs);
-      await sleep(wakeAt - this.#clock(), [
-        this.#stop.signal,
-        lost,
-        this.#stepDownRequested.signal,
-      ]);
-      if (lost.aborted) return this.#lose("session-ended", this.#owner.lastError);
-      if (this.#stopping || this.#stepDownRequested.signal.aborted) return await this.#release();
-      if (!lease.valid) return this.#lose("lease-expired", undefined);
-      if (this.#clock() < dueAt) continue;
-      const sentAt = this.#clock();
-      let held: boolean;
-      try {
-        held = await term.untilLeaseEnds(
-          this.#owner.exclusive((session) => this.#statements.renew(session)),
-        );
-      } catch (error) {
-        if (lost.aborted) return this.#lose("session-ended", this.#owner.lastError);
-        // The check's deadline is the lease's end: no answer by then is an expired lease.
-        const expired = error instanceof DeadlineError || !lease.valid;
-        return this.#lose(expired ? "lease-expired" : "session-ended", error);
-      }
-      if (!held) return this.#lose("not-held", undefined);
-      if (this.#state !== "leader") continue; // a release was asked for meanwhile
-      lease.renew(sentAt);
-      // Answered, but only after the lease it renews had run out (this process was paused while
-      // the answer waited): the server may have ended the session already.
-      if (!lease.valid) return this.#lose("lease-expired", undefined);
-      term.checked(sentAt);
-      term.armTimer();
-      this.#events.emit(new RenewedEvent(term.token, lease.deadline));
-    }
+    const end = await lead(
+      this.#parts,
+      this.#term!.state,
+      this.#stepDownRequested.signal,
+      () => this.#state === "leader",
+      (term) => this.#events.emit(new RenewedEvent(term.token, term.lease.deadline)),
+    );
+    return end.kind === "release" ? await this.#release() : this.#lose(end.reason, end.error);
   }
 
   async #release(): Promise<Phase> {
-    const { token } = this.#term!.state;
-    const { key1, key2 } = this.#config;
+    const term = this.#term!.state;
+    const { token } = term;
     this.#stopClaiming(); // already done by stop() or stepDown(), which led here
-    await this.#drain();
-    if (this.#owner.lost.aborted) {
+    const released = await release(this.#parts, term, this.#hooks.work?.(), this.#drainMs);
+    if (released.kind === "lost") {
       this.#settleStepDown();
-      const error = asLockError(this.#owner.lastError, "The session ended");
-      return this.#afterTerm(new LostEvent("session-ended", token, error));
+      return this.#afterTerm(new LostEvent("session-ended", token, released.error));
     }
-    let outcome;
-    try {
-      outcome = await this.#owner.exclusive((session) => this.#statements.unlock(session));
-    } catch (error) {
-      // The session died under the unlock: the lock went with it.
-      this.#owner.destroy();
-      this.#settleStepDown();
-      return this.#afterTerm(
-        new LostEvent("session-ended", token, asLockError(error, "The session ended")),
-      );
-    }
-    if (!outcome.unlocked || outcome.stillHeld) {
-      const error = new LockError(
-        outcome.unlocked
-          ? `Lock (${key1}, ${key2}) is still held after pg_advisory_unlock`
-          : `pg_advisory_unlock(${key1}, ${key2}) returned false: the lock was not held`,
-        { key1, key2 },
-      );
-      this.#owner.destroy();
-      this.#emitError(error);
-      this.#settleStepDown(error);
-      return this.#afterTerm(new LostEvent("not-held", token, error));
+    if (released.kind === "not-held") {
+      this.#emitError(released.error);
+      this.#settleStepDown(released.error);
+      return this.#afterTerm(new LostEvent("not-held", token, released.error));
     }
     this.#events.emit(new ReleasedEvent(token));
     this.#settleStepDown();
     if (!this.#competesAgain()) {
-      if (outcome.handedOver) await sleep(HANDOVER_LINGER_MS, []);
+      await linger(released);
       return DONE;
     }
     // Back into the queue behind any waiting follower, never a try-lock first: a try-lock right
@@ -649,27 +433,16 @@ export class Election {
 
   async #reconnectPhase(phase: Extract<Phase, { kind: "reconnect" }>): Promise<Phase> {
     while (this.#clock() < phase.deadline && !this.#stopping) {
-      const remaining = phase.deadline - this.#clock();
       try {
-        await this.#owner.open(
-          AbortSignal.any([this.#stop.signal, AbortSignal.timeout(Math.max(1, remaining))]),
-        );
-        const sentAt = this.#clock();
-        const result = await this.#owner.statement((s) =>
-          this.#statements.acquire(s, { wait: false, marked: false })
-        );
-        if (result === ABORTED) break;
-        if (result.readOnly) throw readOnlyError(this.#config.connector.target);
-        this.#owner.succeeded();
-        if (result.held) return await this.#becomeLeader(result, sentAt, true);
+        const regained = await regain(this.#parts, phase.deadline);
+        if (regained === undefined) break;
+        if (regained !== "taken") {
+          return await this.#becomeLeader(regained.acquisition, regained.sentAt, true);
+        }
         const next = this.#afterTerm(new LostEvent("taken", phase.token, phase.error), "acquiring");
         return next === CONNECT ? { kind: "acquire", queueOnly: true, marked: false } : next;
       } catch (error) {
-        this.#owner.destroy();
-        if (this.#stopping) break;
-        const delay = this.#owner.reconnectFailed(error);
-        if (delay === null) break;
-        await sleep(Math.min(delay, phase.deadline - this.#clock()), [this.#stop.signal]);
+        if (!(await regainFailed(this.#parts, error, phase.deadline))) break;
       }
     }
     this.#owner.destroy();
@@ -705,38 +478,6 @@ export class Election {
     term.end("released");
   }
 
-  /**
-   * Graceful handover: waits for the term's work to return, at most `drainMs` and never past the
-   * lease the server still holds for this session (the lock must not lapse on the server while
-   * the old term drains), nor past the session's end.
-   */
-  async #drain(): Promise<void> {
-    const work = this.#hooks.work?.();
-    const claimDeadline = this.#term?.state.claimDeadline ?? -Infinity;
-    const boundMs = Math.min(this.#drainMs, claimDeadline - this.#clock());
-    if (!work || boundMs <= 0) return;
-    const ended = new AbortController();
-    work.then(() => ended.abort(), () => ended.abort());
-    await sleep(boundMs, [ended.signal, this.#owner.lost]);
-  }
-
-  /** A follower's session failed: report unless it simply ended, then reconnect (paced). */
-  async #followerFailed(error: unknown): Promise<Phase> {
-    this.#owner.destroy();
-    if (this.#stopping) return DONE;
-    if (isReadOnlyRefusal(error)) {
-      // The lock statement found a standby (a router that sends statements to different
-      // servers): one error event and a paced retry, as for a session set-up refused.
-      this.#setState("follower");
-      return (await this.#owner.pace(error)) ? CONNECT : DONE;
-    }
-    if (!(error instanceof SessionLost)) {
-      this.#emitError(asLockError(error, "A statement of the lock protocol failed"));
-    }
-    this.#setState("follower");
-    return (await this.#owner.retry(error)) ? CONNECT : DONE;
-  }
-
   #settleStepDown(error?: unknown): void {
     const pending = this.#stepDown;
     this.#stepDown = undefined;
@@ -765,9 +506,4 @@ export class Election {
   #emitError(error: PgLeaderLockError, retryInMs?: number): void {
     this.#events.emit(new LeaderLockErrorEvent(error, retryInMs));
   }
-}
-
-/** Whether `error` is the refusal of a session on a standby (transient: paced, then retried). */
-function isReadOnlyRefusal(error: unknown): error is ConnectionError {
-  return error instanceof ConnectionError && error.code === READ_ONLY_SQLSTATE;
 }
