@@ -782,9 +782,11 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       joined,
       drain: (keys) => {
         const current = run();
+        // The member keeps renewing the lease of the shards it still leads meanwhile and
+        // unlocks the moved ones at the latest after the lease less a health interval.
         const ms = Math.min(
           this.#drainMs,
-          current.member.leaseRemainingMs - this.#config.healthIntervalMs,
+          this.#config.leaseMs - this.#config.healthIntervalMs,
         );
         return this.#drain(current, keys, ms);
       },
