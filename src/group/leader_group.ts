@@ -617,6 +617,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       adoptAfterTicks: this.#adoptAfterTicks,
       retryStrategy: config.retryStrategy,
       connect: config.connector.connect,
+      target: config.connector.target,
       settings: memberSettings({ identity: this.identity, leaseMs: config.leaseMs }),
       clock: () => performance.now(),
       memberId: randomMemberId(),

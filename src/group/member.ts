@@ -37,6 +37,7 @@
  * @module
  */
 import { ConnectionError, LockError, PgLeaderLockError } from "../engine/errors.ts";
+import { readOnlyError } from "../engine/session_owner.ts";
 import { Lease } from "../engine/lease.ts";
 import type { RetryStrategy } from "../engine/retry.ts";
 import { FALLBACK_DELAY_MS, RetrySeries } from "../engine/retry_series.ts";
@@ -76,6 +77,8 @@ export interface MemberConfig {
   readonly clock: () => number;
   /** The member id to claim first (a random uint32). */
   readonly memberId: number;
+  /** The server, for messages (never a password). */
+  readonly target?: string;
 }
 
 /** What the member reports, in order, as it happens. */
@@ -393,7 +396,9 @@ export class GroupMember {
   /** Takes a member lock, under a new id when another session has this one. */
   async #join(): Promise<void> {
     for (let i = 0; i < JOIN_TRIES; i++) {
-      if (await this.#query((s) => join(s, this.#config.key1, this.#memberId))) {
+      const joined = await this.#query((s) => join(s, this.#config.key1, this.#memberId));
+      if (joined === "read-only") throw readOnlyError(this.#config.target ?? "the server");
+      if (joined === "joined") {
         this.#joined = true;
         return;
       }
@@ -797,6 +802,9 @@ export class GroupMember {
         full = error;
         break;
       }
+      // A standby (a router sent the session there, or the DSN names a demoted host): nothing
+      // was taken; the session is closed and the member connects again, paced.
+      if (got.readOnly) throw readOnlyError(this.#config.target ?? "the server");
       this.#lease.renew(sentAt);
       if (got.token === undefined) continue;
       for (const key2 of got.shards) taken.push({ key2, token: got.token });
