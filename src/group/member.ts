@@ -14,7 +14,12 @@
  *    statement (about 3 H with the defaults). A real member counted absent by mistake (it holds
  *    nothing while others hold all of its share for A + 5 ticks) joins again under a new id.
  * 3. Hands over the shards it holds that the assignment gives to another member: ends their
- *    terms (signal aborted, `released`), then unlocks them in one statement.
+ *    terms (signal aborted, `released`), then unlocks them in one statement once their lead()
+ *    work has drained (`MemberObserver.drain`, at most the lease less a health interval). The
+ *    ticks go on meanwhile, so the lease of the shards it keeps is renewed; the first tick after
+ *    the drain unlocks. The member that receives them polls for them across the longest drain,
+ *    and a tick in which a member's share is still held (or was just unlocked) by this member
+ *    counts neither for nor against that member in the coverage rule.
  * 4. Try-locks the free shards the assignment gives it, plus free shards nobody took for
  *    `adoptAfterTicks` ticks (up to its fair share), in statements of at most 512 shards;
  *    announces them after `settleMs`. When the server's lock table is full (53200, too small a
