@@ -617,6 +617,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       adoptAfterTicks: this.#adoptAfterTicks,
       retryStrategy: config.retryStrategy,
       connect: config.connector.connect,
+      target: config.connector.target,
       settings: memberSettings({ identity: this.identity, leaseMs: config.leaseMs }),
       clock: () => performance.now(),
       memberId: randomMemberId(),
@@ -782,9 +783,11 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       joined,
       drain: (keys) => {
         const current = run();
+        // The member keeps renewing the lease of the shards it still leads meanwhile and
+        // unlocks the moved ones at the latest after the lease less a health interval.
         const ms = Math.min(
           this.#drainMs,
-          current.member.leaseRemainingMs - this.#config.healthIntervalMs,
+          this.#config.leaseMs - this.#config.healthIntervalMs,
         );
         return this.#drain(current, keys, ms);
       },

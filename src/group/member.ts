@@ -14,7 +14,12 @@
  *    statement (about 3 H with the defaults). A real member counted absent by mistake (it holds
  *    nothing while others hold all of its share for A + 5 ticks) joins again under a new id.
  * 3. Hands over the shards it holds that the assignment gives to another member: ends their
- *    terms (signal aborted, `released`), then unlocks them in one statement.
+ *    terms (signal aborted, `released`), then unlocks them in one statement once their lead()
+ *    work has drained (`MemberObserver.drain`, at most the lease less a health interval). The
+ *    ticks go on meanwhile, so the lease of the shards it keeps is renewed; the first tick after
+ *    the drain unlocks. The member that receives them polls for them across the longest drain,
+ *    and a tick in which a member's share is still held (or was just unlocked) by this member
+ *    counts neither for nor against that member in the coverage rule.
  * 4. Try-locks the free shards the assignment gives it, plus free shards nobody took for
  *    `adoptAfterTicks` ticks (up to its fair share), in statements of at most 512 shards;
  *    announces them after `settleMs`. When the server's lock table is full (53200, too small a
@@ -37,6 +42,7 @@
  * @module
  */
 import { ConnectionError, LockError, PgLeaderLockError } from "../engine/errors.ts";
+import { readOnlyError } from "../engine/session_owner.ts";
 import { Lease } from "../engine/lease.ts";
 import type { RetryStrategy } from "../engine/retry.ts";
 import { FALLBACK_DELAY_MS, RetrySeries } from "../engine/retry_series.ts";
@@ -76,6 +82,8 @@ export interface MemberConfig {
   readonly clock: () => number;
   /** The member id to claim first (a random uint32). */
   readonly memberId: number;
+  /** The server, for messages (never a password). */
+  readonly target?: string;
 }
 
 /** What the member reports, in order, as it happens. */
@@ -129,6 +137,11 @@ const END_TIMEOUT_MS = 1000;
 const JOIN_TRIES = 8;
 /** How many ticks an adopted shard is kept before it is handed to its assigned member. */
 const ADOPTED_HOLD_TICKS = 3;
+/**
+ * For how many ticks after this member unlocked a shard it does not count the shard's free time
+ * against the member it is assigned to (that member takes it at its next tick or poll).
+ */
+const HANDOVER_GRACE_TICKS = 2;
 /** How many ticks, a poll period apart, take a gone member's shards over. */
 const TAKEOVER_TICKS = 2;
 /** The most shards one try-lock statement takes. */
@@ -171,6 +184,8 @@ export class GroupMember {
   readonly #absent = new Set<number>();
   /** Consecutive ticks this member held nothing while others held all of its share. */
   #starvedTicks = 0;
+  /** When the current run of starved ticks began (the member's clock). */
+  #starvedSince: number | undefined;
   #fatal: unknown;
   /** The second session, waiting for the next member's lock in the ring. */
   #watcher: RingWatcher | undefined;
@@ -386,7 +401,9 @@ export class GroupMember {
   /** Takes a member lock, under a new id when another session has this one. */
   async #join(): Promise<void> {
     for (let i = 0; i < JOIN_TRIES; i++) {
-      if (await this.#query((s) => join(s, this.#config.key1, this.#memberId))) {
+      const joined = await this.#query((s) => join(s, this.#config.key1, this.#memberId));
+      if (joined === "read-only") throw readOnlyError(this.#config.target ?? "the server");
+      if (joined === "joined") {
         this.#joined = true;
         return;
       }
@@ -409,8 +426,11 @@ export class GroupMember {
     this.#releaseTerms([...this.#terms.keys()], "shutdown");
     if (session && !session.isEnded) {
       try {
-        const held = [...new Set([...this.#released, ...this.#unannounced])];
+        const held = [
+          ...new Set([...this.#released, ...this.#unannounced, ...this.#draining.keys()]),
+        ];
         this.#released = [];
+        this.#draining.clear();
         // In the session's turn: after a fenced transaction of the work that is still running.
         await withDeadline(
           this.#exclusive(async () => {
@@ -542,18 +562,19 @@ export class GroupMember {
       }
 
       // Locks this session holds without a term (a statement that failed half-way): unlock.
-      const stray = seen.mine.filter((k) => !this.#terms.has(k));
+      const stray = seen.mine.filter((k) => !this.#terms.has(k) && !this.#draining.has(k));
       const handOver = [...this.#terms.keys()].filter((k) =>
         !target.has(k) && (this.#adoptedUntil.get(k) ?? 0) <= this.#tick
       );
       this.#releaseTerms(handOver, "rebalance");
-      // A graceful move: the moved shards' work gets its drain before the unlock.
-      // TODO(drain): awaiting the face's drain here stalls the rebalance (leader_group_face_test,
-      // "moved shard"): not enabled until that is understood.
-      // if (handOver.length > 0) await this.#observer.drain?.(handOver, "rebalance");
-      const toUnlock = [...this.#released, ...stray];
+      // A graceful move: the moved shards stay locked while their work drains (the face's
+      // drain, bounded by the lease less a health interval); the ticks go on meanwhile (the
+      // lease of the shards still led is renewed) and the first tick after the drain unlocks.
+      if (handOver.length > 0) this.#startDrain(this.#released.splice(0), clock());
+      const toUnlock = [...this.#released, ...stray, ...this.#drained(clock())];
       this.#released = [];
       if (toUnlock.length > 0) await this.#unlock(toUnlock);
+      for (const k of toUnlock) this.#handedOverAt.set(k, this.#tick);
 
       const wanted = free.filter((k) => target.has(k));
       const { max } = fairShare(shards.length, assignment.members.length);
@@ -575,7 +596,8 @@ export class GroupMember {
       await this.#acquire([...wanted, ...adopt]);
 
       // Shards assigned here that another session still holds: poll for their release until
-      // the next tick (for at most two health intervals after they were first seen so).
+      // the next tick (for at most the longest drain of a move, the lease less a health
+      // interval, plus three health intervals after they were first seen so).
       const now = clock();
       for (const k of [...this.#pendingSince.keys()]) {
         if (!target.has(k) || !others.has(k)) this.#pendingSince.delete(k);
@@ -585,7 +607,7 @@ export class GroupMember {
       }
       const nextTick = sentAt + (this.#takeover > 0 ? handoverPollMs : healthIntervalMs);
       let pending = [...this.#pendingSince.entries()]
-        .filter(([, since]) => now - since < 2 * healthIntervalMs)
+        .filter(([, since]) => now - since < this.#config.leaseMs + 2 * healthIntervalMs)
         .map(([k]) => k);
       while (pending.length > 0 && clock() + handoverPollMs < nextTick) {
         await sleep(handoverPollMs, [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
@@ -604,6 +626,40 @@ export class GroupMember {
 
   /** Shards whose terms ended by release and that still need their unlock. */
   #released: number[] = [];
+  /**
+   * Moved shards whose terms ended and whose lead() work drains: still locked, unlocked by the
+   * first tick after `done` (or after `until`, on the member's clock).
+   */
+  readonly #draining = new Map<number, { until: number; done: { settled: boolean } }>();
+  /** key2 -> the tick this member unlocked it at (for the coverage rule's grace). */
+  readonly #handedOverAt = new Map<number, number>();
+
+  /** Starts the drain of moved shards (a rebalance): they stay locked until it ends. */
+  #startDrain(keys: readonly number[], now: number): void {
+    if (keys.length === 0) return;
+    const { leaseMs, healthIntervalMs } = this.#config;
+    const done = { settled: this.#observer.drain === undefined };
+    for (const k of keys) this.#draining.set(k, { until: now + leaseMs - healthIntervalMs, done });
+    if (done.settled) return;
+    const lost = this.#sessionLost;
+    this.#observer.drain!(keys, "rebalance").catch(() => {}).finally(() => {
+      done.settled = true;
+      // Unlock at once: the next tick starts now (unless the session ended meanwhile).
+      if (!lost.aborted) this.#wake.abort();
+    });
+  }
+
+  /** The draining shards whose drain ended (or ran out of time): removed from #draining. */
+  #drained(now: number): number[] {
+    const out: number[] = [];
+    for (const [k, { until, done }] of this.#draining) {
+      if (done.settled || now >= until) {
+        this.#draining.delete(k);
+        out.push(k);
+      }
+    }
+    return out;
+  }
 
   #renew(sentAt: number): void {
     this.#lease.renew(sentAt);
@@ -627,11 +683,19 @@ export class GroupMember {
     }
     const live = () =>
       seen.members.filter((m) => m.memberId === this.#memberId || !this.#absent.has(m.memberId));
+    for (const [k, at] of [...this.#handedOverAt]) {
+      if (this.#tick - at > HANDOVER_GRACE_TICKS) this.#handedOverAt.delete(k);
+    }
+    const mine = new Set(seen.mine);
     let assignment = this.#assign(live());
     let changed = false;
     for (const m of live()) {
       if (m.memberId === this.#memberId) continue;
       const assigned = assignment.byMember.get(m.memberId) ?? [];
+      // Part of its share still held by this member (a move whose work drains, an adopted shard
+      // kept) or unlocked by it in the last ticks: the member could not have taken it yet, so
+      // the tick is no evidence either way (its streak neither grows nor ends).
+      if (assigned.some((k) => mine.has(k) || this.#handedOverAt.has(k))) continue;
       if (!seen.holders.has(m.pid) && assigned.length > 0) {
         const streak = (this.#idleStreak.get(m.memberId) ?? 0) + 1;
         this.#idleStreak.set(m.memberId, streak);
@@ -653,19 +717,25 @@ export class GroupMember {
 
   /**
    * Whether this member holds nothing while every shard assigned to it has been held by others
-   * for longer than a handover takes: the others then count it absent (see #assignLive), and only
-   * a new member id makes them hand its share over.
+   * for longer than a handover takes (the longest drain of a move, the lease less a health
+   * interval, included): the others then count it absent (see #assignLive), and only a new member
+   * id makes them hand its share over.
    */
   #starved(seen: Observation, target: ReadonlySet<number>, others: ReadonlySet<number>): boolean {
     const starving = this.#terms.size === 0 && seen.mine.length === 0 && target.size > 0 &&
       [...target].every((k) => others.has(k));
+    const now = this.#config.clock();
+    if (!starving) this.#starvedSince = undefined;
+    else this.#starvedSince ??= now;
     this.#starvedTicks = starving ? this.#starvedTicks + 1 : 0;
-    return this.#starvedTicks > this.#config.adoptAfterTicks + ADOPTED_HOLD_TICKS + 2;
+    return this.#starvedTicks > this.#config.adoptAfterTicks + ADOPTED_HOLD_TICKS + 2 &&
+      now - this.#starvedSince! >= this.#config.leaseMs;
   }
 
   /** Leaves under the current member id and joins under a new one. */
   async #rejoin(): Promise<void> {
     this.#starvedTicks = 0;
+    this.#starvedSince = undefined;
     const { key1 } = this.#config;
     await this.#query((s) => leave(s, key1, this.#memberId));
     this.#joined = false;
@@ -737,6 +807,9 @@ export class GroupMember {
         full = error;
         break;
       }
+      // A standby (a router sent the session there, or the DSN names a demoted host): nothing
+      // was taken; the session is closed and the member connects again, paced.
+      if (got.readOnly) throw readOnlyError(this.#config.target ?? "the server");
       this.#lease.renew(sentAt);
       if (got.token === undefined) continue;
       for (const key2 of got.shards) taken.push({ key2, token: got.token });
@@ -801,6 +874,7 @@ export class GroupMember {
     this.#lease.revoke();
     for (const key2 of [...this.#terms.keys()]) this.#endTerm(key2, "lost", reason, error);
     this.#released = [];
+    this.#draining.clear();
   }
 
   #endTerm(

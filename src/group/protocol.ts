@@ -39,9 +39,21 @@ SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS serv
           JOIN pg_catalog.pg_settings AS s ON s.name OPERATOR(pg_catalog.=) v.key
        )::pg_catalog.int4 AS applied`;
 
-/** Joins the group: try-locks the member lock `$1` = (key1 << 32) | memberId (bigint form). */
+/**
+ * Joins the group: try-locks the member lock `$1` = (key1 << 32) | memberId (bigint form), unless
+ * the server is a standby or the session read-only (`read_only`: then it takes nothing). One
+ * statement, so that no router can send the check to one server and the lock to another; it
+ * names a system catalog (never scanned: `WHERE false`), which pgpool-II always sends to the
+ * primary, also when a `write_function_list` makes the try-lock look like a read.
+ */
 export const JOIN = `
-SELECT pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8) AS joined`;
+SELECT r.read_only,
+       CASE WHEN r.read_only THEN false
+            ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int8) END AS joined
+  FROM (SELECT pg_catalog.pg_is_in_recovery()
+            OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+            OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)
+            AS read_only) AS r`;
 
 /**
  * The tick: in one read of pg_locks, the ownership proof of every shard this session holds
@@ -80,9 +92,18 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
  * never waiting for a standby), and reads the WAL file name, whose first 8 hex digits are the
  * timeline. Every try-lock runs before the token is read: the aggregate consumes the whole
  * `attempt` CTE first.
+ *
+ * Before anything is taken, the statement asks whether the server is a standby
+ * (`pg_is_in_recovery()`) or the session read-only: then it takes nothing and says so
+ * (`read_only`). A standby grants advisory locks too, and the token would fail there ("cannot
+ * assign TransactionIds during recovery", XX000) after the locks were taken, leaving them held.
  */
 export const ACQUIRE = `
-WITH held AS MATERIALIZED (
+WITH ro AS MATERIALIZED (
+  SELECT pg_catalog.pg_is_in_recovery()
+      OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+      AS read_only
+), held AS MATERIALIZED (
   SELECT l.objid
     FROM pg_catalog.pg_locks AS l
    WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
@@ -93,7 +114,8 @@ WITH held AS MATERIALIZED (
      AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
 ), attempt AS MATERIALIZED (
   SELECT k.key2,
-         CASE WHEN k.key2::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (SELECT h.objid FROM held AS h)
+         CASE WHEN (SELECT ro.read_only FROM ro) THEN false
+              WHEN k.key2::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (SELECT h.objid FROM held AS h)
               THEN false
               ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, k.key2) END AS ok
     FROM pg_catalog.unnest($2::pg_catalog.int4[]) AS k(key2)
@@ -106,7 +128,8 @@ SELECT pg_catalog.array_to_string(pg_catalog.array_agg(a.key2) FILTER (WHERE a.o
               THEN pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()) END
        END AS walfile,
        CASE WHEN pg_catalog.bool_or(a.ok)
-            THEN pg_catalog.pg_current_xact_id()::pg_catalog.text END AS xid
+            THEN pg_catalog.pg_current_xact_id()::pg_catalog.text END AS xid,
+       (SELECT ro.read_only FROM ro) AS read_only
   FROM attempt AS a`;
 
 /**
@@ -237,15 +260,17 @@ export function memberKey(key1: number, memberId: number): string {
  * @param session The session.
  * @param key1 The group's key1.
  * @param memberId The member id to claim.
- * @returns Whether the member lock was taken (false: another session has this id).
+ * @returns `"joined"` when the member lock was taken, `"taken"` when another session has this
+ *   id, `"read-only"` when the server is a standby or the session read-only (nothing taken).
  */
 export async function join(
   session: LockSession,
   key1: number,
   memberId: number,
-): Promise<boolean> {
+): Promise<"joined" | "taken" | "read-only"> {
   const [row] = await session.query(JOIN, [memberKey(key1, memberId)]);
-  return row?.joined === true;
+  if (row?.read_only === true) return "read-only";
+  return row?.joined === true ? "joined" : "taken";
 }
 
 /** One live member as pg_locks shows it. */
@@ -320,6 +345,8 @@ export interface Acquired {
   readonly shards: readonly number[];
   /** Their fencing token (one per statement: the same for every shard it took). */
   readonly token: bigint | undefined;
+  /** The server is a standby or the session read-only: nothing was taken. */
+  readonly readOnly: boolean;
 }
 
 /**
@@ -354,7 +381,7 @@ export async function acquire(
   const token = typeof row?.walfile === "string" && typeof row?.xid === "string"
     ? fencingToken(row.walfile, row.xid)
     : undefined;
-  return { shards: token === undefined ? [] : taken, token };
+  return { shards: token === undefined ? [] : taken, token, readOnly: row?.read_only === true };
 }
 
 /**

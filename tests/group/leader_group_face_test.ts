@@ -300,8 +300,6 @@ Deno.test({
 Deno.test({
   name: "LeaderGroup waits up to drainMs for a moved shard's lead() work before the other " +
     "member may lead it",
-  // The member's await of the drain hook stalls the rebalance (see TODO(drain) in member.ts).
-  ignore: true,
   ...SANITIZE,
 }, async () => {
   await using pg = await startPostgres();
@@ -325,6 +323,43 @@ Deno.test({
     const returned = returnedAt.get(key2);
     assert.ok(returned !== undefined && returned <= at, `shard ${key2} led again after its work`);
   }
+  await first.shutdown();
+  await leading;
+});
+
+Deno.test({
+  name: "LeaderGroup's move drain never outlasts the lease: work that ignores its signal is cut " +
+    "off, and the member keeps the shards it still leads",
+  ...SANITIZE,
+}, async () => {
+  await using pg = await startPostgres();
+  const key1 = 309;
+  const lost: string[] = [];
+  const releasedAt = new Map<number, number>();
+  const acquiredAt = new Map<number, number>();
+  let stop!: () => void;
+  const stopped = new Promise<void>((resolve) => stop = resolve);
+  // drainMs far beyond the lease (1000 ms): the move still hands over within the lease.
+  await using first = fastGroup(pg.dsn, { key1, drainMs: 20_000, settleMs: 0 });
+  first.addEventListener("lost", (e) => lost.push(`${e.key2}:${e.reason}`));
+  first.addEventListener("released", (e) => releasedAt.set(e.key2, performance.now()));
+  const leading = first.lead(async () => await stopped);
+  await until(() => first.leading.size === 4, 5000, "all four shards on the first member");
+  const firstTokens = [0, 1, 2, 3].map((k) => first.fencingToken(k)!);
+  await using second = fastGroup(pg.dsn, { key1, drainMs: 20_000, settleMs: 0 });
+  second.addEventListener("acquired", (e) => acquiredAt.set(e.key2, performance.now()));
+  await second.start();
+  await until(() => second.leading.size === 2 && first.leading.size === 2, 10_000, "2 + 2");
+  for (const [key2, at] of acquiredAt) {
+    const released = releasedAt.get(key2)!;
+    // Held while the work had its drain (up to the lease less a health interval), never longer.
+    assert.ok(at - released >= 700, `shard ${key2} kept for its drain (${at - released} ms)`);
+    assert.ok(at - released < 1000 + 500, `shard ${key2} unlocked within the lease`);
+  }
+  // The first member's remaining shards kept their terms all along: no lease ran out.
+  assert.deepEqual(lost, []);
+  for (const k of first.leading) assert.equal(first.fencingToken(k), firstTokens[k]);
+  stop();
   await first.shutdown();
   await leading;
 });

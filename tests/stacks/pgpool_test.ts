@@ -169,59 +169,81 @@ Deno.test({
       });
     }
 
-    await t.step({
-      name: "LeaderGroup leads every shard once through pgpool-II, never on the standby",
-      ...STEP,
-      fn: async () => {
-        await using pgpool = await startPgpool(primary, standby);
-        const key1 = 7191;
-        const shards = [1, 2, 3, 4];
-        const groups = ["g0", "g1"].map((identity) =>
-          new LeaderGroup({
-            dsn: pgpool.dsn,
-            key1,
-            shards,
-            identity,
-            healthIntervalMs: 200,
-            leaseMs: 1000,
-            retryStrategy: new FixedInterval({ intervalMs: 100 }),
-          })
-        );
-        const errors: string[] = [];
-        for (const group of groups) {
-          group.addEventListener("error", (e) => errors.push(String(e.error)));
-        }
-        try {
-          await Promise.all(groups.map((g) => g.start()));
-          const deadline = performance.now() + 15_000;
-          const led = () => groups.reduce((n, g) => n + g.leading.size, 0);
-          while (led() !== shards.length || groups.some((g) => g.leading.size === 0)) {
-            if (performance.now() > deadline) {
-              throw new Error(
-                `shards led: ${groups.map((g) => [...g.leading].join(","))}; errors: ${errors}`,
-              );
+    for (const functionList of ["default", "legacy"] as const) {
+      await t.step({
+        name: `LeaderGroup leads every shard once through pgpool-II with ${
+          LIST_NAMES[functionList]
+        }, never on the standby`,
+        ...STEP,
+        fn: async () => {
+          await using pgpool = await startPgpool(primary, standby, { functionList });
+          // With the legacy list a bare try-lock of the bigint form (a member lock) goes to the
+          // standby: the group's JOIN must not.
+          const bare = await once(
+            pgpool.dsn,
+            "SELECT current_setting('port')::int AS port, pg_try_advisory_lock(7199::int8) AS ok",
+          );
+          assertEquals(
+            bare?.port,
+            functionList === "legacy" ? standby.port : primary.port,
+            "where a bare member try-lock goes",
+          );
+          const key1 = functionList === "legacy" ? 7192 : 7191;
+          const shards = [1, 2, 3, 4];
+          const groups = ["g0", "g1"].map((identity) =>
+            new LeaderGroup({
+              dsn: pgpool.dsn,
+              key1,
+              shards,
+              identity,
+              healthIntervalMs: 200,
+              leaseMs: 1000,
+              retryStrategy: new FixedInterval({ intervalMs: 100 }),
+            })
+          );
+          const errors: string[] = [];
+          for (const group of groups) {
+            group.addEventListener("error", (e) => errors.push(String(e.error)));
+          }
+          try {
+            await Promise.all(groups.map((g) => g.start()));
+            const deadline = performance.now() + 15_000;
+            const led = () => groups.reduce((n, g) => n + g.leading.size, 0);
+            while (led() !== shards.length || groups.some((g) => g.leading.size === 0)) {
+              if (performance.now() > deadline) {
+                throw new Error(
+                  `shards led: ${groups.map((g) => [...g.leading].join(","))}; errors: ${errors}`,
+                );
+              }
+              await sleep(20);
             }
-            await sleep(20);
+            const mine = groups.map((g) => new Set(g.leading));
+            assert([...mine[0]!].every((k) => !mine[1]!.has(k)), "no shard led twice");
+            assertEquals(await advisoryLocks(standby, key1), 0, "no lock on the standby");
+            for (const key2 of shards) {
+              assertEquals(await advisoryLocks(primary, key1, key2), 1, `shard ${key2}`);
+            }
+            // Both member locks (objsubid 1) are on the primary too.
+            const [members] = await primary.query(
+              `SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND granted
+               AND classid = $1::int4::oid AND objsubid = 1`,
+              [key1],
+            );
+            assertEquals(Number(members?.n), 2, "both members joined on the primary");
+            // A member's kill-free shutdown hands its shards to the other.
+            await groups[0]!.shutdown();
+            const until = performance.now() + 10_000;
+            while (groups[1]!.leading.size !== shards.length && performance.now() < until) {
+              await sleep(20);
+            }
+            assertEquals(groups[1]!.leading.size, shards.length, "the other member took over");
+            assertEquals(await advisoryLocks(standby, key1), 0, "no lock on the standby");
+          } finally {
+            for (const group of groups) await group.shutdown();
           }
-          const mine = groups.map((g) => new Set(g.leading));
-          assert([...mine[0]!].every((k) => !mine[1]!.has(k)), "no shard led twice");
-          assertEquals(await advisoryLocks(standby, key1), 0, "no lock on the standby");
-          for (const key2 of shards) {
-            assertEquals(await advisoryLocks(primary, key1, key2), 1, `shard ${key2}`);
-          }
-          // A member's kill-free shutdown hands its shards to the other.
-          await groups[0]!.shutdown();
-          const until = performance.now() + 10_000;
-          while (groups[1]!.leading.size !== shards.length && performance.now() < until) {
-            await sleep(20);
-          }
-          assertEquals(groups[1]!.leading.size, shards.length, "the other member took over");
-          assertEquals(await advisoryLocks(standby, key1), 0, "no lock on the standby");
-        } finally {
-          for (const group of groups) await group.shutdown();
-        }
-        assertEquals(errors, []);
-      },
-    });
+          assertEquals(errors, []);
+        },
+      });
+    }
   },
 });
