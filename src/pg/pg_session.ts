@@ -123,10 +123,45 @@ export class PgSession implements LockSession {
       // flight it arrives as that statement's error, and the server has already released the
       // lock: waiting for the socket to close would leave this client claiming it meanwhile.
       if (isFatal(error)) this.#finish(error);
+      else await this.#readyAfterError();
       throw error;
     }
     // A simple-query message of several statements: one result each.
     return (Array.isArray(result) ? result.flatMap((r) => r.rows) : result.rows) as Row[];
+  }
+
+  /**
+   * npm:pg rejects a statement as soon as the server's ErrorResponse is read, which can be before
+   * the ReadyForQuery that follows it (a later read under load) carries the session's transaction
+   * status: wait for it, so that {@linkcode transactionStatus} describes the session after the
+   * failure (a fenced COMMIT tells its two failures apart by it). Bounded by the session's end and
+   * a second.
+   */
+  async #readyAfterError(): Promise<void> {
+    const client = this.#client as unknown as {
+      readyForQuery?: boolean;
+      connection?: {
+        once(event: "readyForQuery", listener: () => void): unknown;
+        removeListener(event: "readyForQuery", listener: () => void): unknown;
+      };
+    };
+    const { connection } = client;
+    if (client.readyForQuery !== false || connection === undefined || this.#ended) return;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let onReady: (() => void) | undefined;
+    try {
+      await Promise.race([
+        new Promise<void>((resolve) => {
+          onReady = resolve;
+          connection.once("readyForQuery", resolve);
+        }),
+        new Promise<void>((resolve) => timer = setTimeout(resolve, 1000)),
+        this.ended.then(() => {}),
+      ]);
+    } finally {
+      clearTimeout(timer);
+      if (onReady) connection.removeListener("readyForQuery", onReady);
+    }
   }
 
   #send(
