@@ -458,6 +458,9 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
    * event and the member keeps leading the shard (the work runs again in the shard's next term).
    *
    * @example Lead every shard this process is given until Ctrl-C
+   *
+   * Not run by the documentation tests: it leads until the process gets SIGINT or SIGTERM.
+   *
    * ```ts ignore
    * import { LeaderGroup, shutdownSignal } from "@x/pgleaderlock";
    *

@@ -82,6 +82,9 @@ type HistogramId = { [K in Id]: Spec[K]["instrument"] extends "histogram" ? K : 
  * @throws {Error} When `npm:@opentelemetry/api` cannot be loaded.
  *
  * @example Record into an SDK's meter provider (what the `telemetry` option does)
+ *
+ * Not run by the documentation tests: it needs an OpenTelemetry SDK package and a database.
+ *
  * ```ts ignore
  * import { MeterProvider } from "npm:@opentelemetry/sdk-metrics@^3.1.1";
  * import { LeaderLock } from "@x/pgleaderlock";

@@ -14,6 +14,9 @@
  * - `lock.ts`, `group.ts`: the recorders. `_otel.ts`: the API's loader and shared helpers.
  *
  * @example Record a lock's telemetry with the global providers
+ *
+ * Not run by the documentation tests: it needs a database and an exporter to send to.
+ *
  * ```ts ignore
  * import { LeaderLock } from "@x/pgleaderlock";
  *

@@ -283,6 +283,10 @@ async function findProgram(name: string): Promise<string | undefined> {
  * Finds Patroni, etcd and HAProxy: on PATH, else in the usual system directories.
  *
  * @example Skip a test where the stack is missing
+ *
+ * Not run by the documentation tests: it needs Patroni, etcd and HAProxy installed
+ * (`.ci/install-patroni.sh`).
+ *
  * ```ts ignore
  * import { findPatroniStack } from "./patroni.ts";
  *
@@ -329,6 +333,10 @@ function sleep(ms: number): Promise<void> {
  * cluster has bootstrapped, every replica streams and HAProxy routes to the primary.
  *
  * @example Switch over and watch HAProxy follow
+ *
+ * Not run by the documentation tests: it needs Patroni, etcd and HAProxy installed
+ * (`.ci/install-patroni.sh`).
+ *
  * ```ts ignore
  * import { startPatroni } from "./patroni.ts";
  *

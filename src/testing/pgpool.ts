@@ -128,6 +128,9 @@ export async function findPgpool(): Promise<string | undefined> {
  * `SHOW pool_nodes` shows both nodes up with the primary as primary.
  *
  * @example Legacy function lists in front of a primary and a standby
+ *
+ * Not run by the documentation tests: it needs pgpool-II installed (`.ci/install-pgpool.sh`).
+ *
  * ```ts ignore
  * import { startPgpool, startPostgres, startStandby } from "@x/pgleaderlock/testing";
  *

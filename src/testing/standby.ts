@@ -80,6 +80,10 @@ const START_TIMEOUT_MS = 60_000;
  * to stream from the primary over its unix socket, started on a free port.
  *
  * @example Promote a standby after losing the primary
+ *
+ * Not run by the documentation tests: it starts a primary and a streaming standby, which
+ * tests/stacks/standby_test.ts and the matrix tests do.
+ *
  * ```ts ignore
  * import { startPostgres } from "@x/pgleaderlock/testing";
  * import { startStandby } from "@x/pgleaderlock/testing";
