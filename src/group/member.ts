@@ -35,6 +35,13 @@
  *    later, and hands them over then. A dead member's shards are so led again within
  *    milliseconds of the server noticing its end (plus `settleMs`), not at the next tick.
  *
+ * 7. With `takeover: "safe"`, a shard taken from a gone holder (its member lock vanished, or the
+ *    shard was never seen held by a live member session) stays locked but unannounced for a lease
+ *    after its grant's answer (#outwaiting; the ticks renew the lease, announce it when due); a
+ *    shard freed while its holder's member lock lives was unlocked on purpose and is announced
+ *    after the settle. A leaving member leaves first and unlocks a moment later, so the others
+ *    (swept awake by their watchers) see its shards freed by a live session.
+ *
  * The member session never waits in PostgreSQL's lock queue, so none of its statements needs a
  * client-side timeout on a lock wait; each is bounded by the lease (the session is closed when it
  * passes). Only the watcher session waits, in `lock_timeout` windows.
@@ -474,7 +481,10 @@ export class GroupMember {
               // leave; a taker that looks only after the unlock waits the lease (safe, slower).
               await leave(session, key1, this.#memberId);
               this.#joined = false;
-              await sleep(Math.max(LEAVE_GRACE_MS, 2 * handoverPollMs), []);
+              await sleep(
+                Math.min(END_TIMEOUT_MS / 2, Math.max(LEAVE_GRACE_MS, 2 * handoverPollMs)),
+                [],
+              );
             }
             if (held.length > 0) await release(session, key1, held);
             if (this.#joined) await leave(session, key1, this.#memberId);
