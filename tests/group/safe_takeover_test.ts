@@ -152,7 +152,13 @@ Deno.test({
       "a frozen member whose backend the server ends: its shards are announced only after " +
         "its lease",
       async () => {
+        await until(
+          () => Promise.resolve(live().reduce((n, m) => n + leading(m).size, 0) === N),
+          LEASE_MS * 2 + 5000,
+          "every shard announced",
+        );
         const shards = leading(c2);
+        assert.ok(shards.size > 0, "c2 leads a shard");
         const backend = await backendOf(c2);
         c2.freeze();
         const frozenAt = wallNow();
@@ -183,6 +189,41 @@ Deno.test({
       },
     );
 
+    await t.step("a member frozen past its lease: its shards are announced after it", async () => {
+      await until(
+        () => Promise.resolve(live().reduce((n, m) => n + leading(m).size, 0) === N),
+        LEASE_MS * 2 + 5000,
+        "every shard announced",
+      );
+      const shards = leading(c4);
+      assert.ok(shards.size > 0, "c4 leads a shard");
+      c4.freeze();
+      const frozenAt = wallNow();
+      try {
+        const at = await allAnnounced(
+          live().filter((m) => m !== c4),
+          shards,
+          frozenAt,
+          "c4's shards announced",
+        );
+        const leaseEnd = Math.max(
+          ...c4.records.filter((r) => r.type === "lease").map((r) => r.until!),
+        );
+        const first = Math.min(
+          ...[...announcedAfter(live(), shards, frozenAt).values()].map((r) => r.t),
+        );
+        console.log(
+          `freeze: announced ${Math.round(at - frozenAt)} ms after, ${
+            Math.round(first - leaseEnd)
+          } ms after c4's lease ended`,
+        );
+        assert.ok(first >= leaseEnd, `announced ${Math.round(leaseEnd - first)} ms early`);
+      } finally {
+        c4.thaw();
+      }
+      await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 after the thaw");
+    });
+
     await t.step("a SIGKILLed member's shards are announced about a lease later", async () => {
       await until(
         () => Promise.resolve(leading(c3).size > 0),
@@ -190,6 +231,7 @@ Deno.test({
         "c3 leads a shard",
       );
       const shards = leading(c3);
+      assert.ok(shards.size > 0, "c3 leads a shard");
       await c3.kill();
       const at = await allAnnounced(live(), shards, c3.killedAt!, "c3's shards announced");
       const ms = at - c3.killedAt!;
