@@ -28,7 +28,7 @@
  */
 import { checkDurationMs, describe } from "../engine/_checks.ts";
 import { ListenerWrappers } from "../engine/_listeners.ts";
-import { resolveCommonOptions } from "../engine/options.ts";
+import { checkTakeover, resolveCommonOptions, type TakeoverMode } from "../engine/options.ts";
 import type { CommonConfig } from "../engine/config.ts";
 import type { ConnectionOptions } from "../pg/connector.ts";
 import { PgLeaderLockError, ShutdownError } from "../engine/errors.ts";
@@ -117,6 +117,25 @@ export interface LeaderGroupOptions extends ConnectionOptions {
    * @default {2}
    */
   adoptAfterTicks?: number;
+  /**
+   * When a member announces a shard it took:
+   *
+   * - `"fast"`: after `settleMs`, whoever held it before.
+   * - `"safe"`: a shard whose previous holder's member session was still alive when it was
+   *   freed (a rebalance move, a leave, a shutdown: unlocked on purpose) is announced after
+   *   `settleMs` as with `"fast"`. A shard whose previous holder's session is gone (killed,
+   *   ended by the server, frozen past its lease) or that this member never saw held is kept
+   *   locked but unannounced (not in `leading`, no `acquired` event) for `leaseMs` after the
+   *   grant's answer arrived, the longest time the previous holder could still believe it leads;
+   *   the ticks renew the member's lease meanwhile. Then no two members believe they lead a
+   *   shard at the same instant, fenced or not; takeovers take about a lease longer. A shutdown
+   *   during the wait releases the shard unannounced; a rebalance move waits for the announce.
+   *
+   * Every member of a group must use the same `leaseMs` (a shorter one is safe too).
+   *
+   * @default {"fast"}
+   */
+  takeover?: TakeoverMode;
   /**
    * Graceful handover of a shard, as LeaderLock's `drainMs`: how long the member waits, after a
    * term's signal aborted, for that shard's running {@linkcode LeaderGroup.lead} work to return
@@ -265,6 +284,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
   readonly #config: CommonConfig;
   readonly #handoverPollMs: number;
   readonly #adoptAfterTicks: number;
+  readonly #takeover: TakeoverMode;
   readonly #drainMs: number;
   /** The current run (undefined before the first start()). */
   #run: Run | undefined;
@@ -318,6 +338,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
     checkDurationMs(WHERE, "drainMs", drainMs, 0);
     this.#handoverPollMs = handoverPollMs;
     this.#adoptAfterTicks = adoptAfterTicks;
+    this.#takeover = checkTakeover(WHERE, options.takeover);
     this.#drainMs = drainMs;
     // Telemetry, the outer ring: loaded only when asked for (a literal specifier keeps the module
     // graph of `deno compile`), reported as an `error` event when it cannot load.
@@ -618,6 +639,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       settleMs: config.settleMs,
       handoverPollMs: this.#handoverPollMs,
       adoptAfterTicks: this.#adoptAfterTicks,
+      takeover: this.#takeover,
       retryStrategy: config.retryStrategy,
       connect: config.connector.connect,
       target: config.connector.target,

@@ -35,6 +35,13 @@
  *    later, and hands them over then. A dead member's shards are so led again within
  *    milliseconds of the server noticing its end (plus `settleMs`), not at the next tick.
  *
+ * 7. With `takeover: "safe"`, a shard taken from a gone holder (its member lock vanished, or the
+ *    shard was never seen held by a live member session) stays locked but unannounced for a lease
+ *    after its grant's answer (#outwaiting; the ticks renew the lease, announce it when due); a
+ *    shard freed while its holder's member lock lives was unlocked on purpose and is announced
+ *    after the settle. A leaving member leaves first and unlocks a moment later, so the others
+ *    (swept awake by their watchers) see its shards freed by a live session.
+ *
  * The member session never waits in PostgreSQL's lock queue, so none of its statements needs a
  * client-side timeout on a lock wait; each is bounded by the lease (the session is closed when it
  * passes). Only the watcher session waits, in `lock_timeout` windows.
@@ -45,6 +52,7 @@ import { ConnectionError, LockError, PgLeaderLockError } from "../engine/errors.
 import { readOnlyError } from "../engine/session_owner.ts";
 import { Lease } from "../engine/lease.ts";
 import type { RetryStrategy } from "../engine/retry.ts";
+import type { TakeoverMode } from "../engine/config.ts";
 import { FALLBACK_DELAY_MS, RetrySeries } from "../engine/retry_series.ts";
 import type { LockSession, SessionConnector } from "../engine/session.ts";
 import { ABORTED, DeadlineError, sleep, untilAborted, withDeadline } from "../engine/_async.ts";
@@ -76,6 +84,8 @@ export interface MemberConfig {
   readonly settleMs: number;
   readonly handoverPollMs: number;
   readonly adoptAfterTicks: number;
+  /** `"safe"`: a shard taken over from a gone holder is announced a lease after its grant. */
+  readonly takeover?: TakeoverMode;
   readonly retryStrategy: RetryStrategy;
   readonly connect: SessionConnector;
   readonly settings: Record<string, string>;
@@ -133,6 +143,13 @@ class LeaseExpired extends Error {
 
 /** Bound on a polite session end when stopping. */
 const END_TIMEOUT_MS = 1000;
+/**
+ * `takeover: "safe"`: how long a leaving member keeps its shards locked after its leave, so that
+ * the others, woken by their watchers, are polling for them when they are unlocked.
+ */
+const LEAVE_GRACE_MS = 100;
+/** `takeover: "safe"`: how long after a member went the polls try every shard others hold. */
+const SWEEP_MS = 4 * LEAVE_GRACE_MS;
 /** How many tries to find a free member id. */
 const JOIN_TRIES = 8;
 /** How many ticks an adopted shard is kept before it is handed to its assigned member. */
@@ -162,6 +179,20 @@ export class GroupMember {
   readonly #terms = new Map<number, Term>();
   /** Shards taken by a statement but not announced yet (settling). */
   #unannounced: number[] = [];
+  /**
+   * `takeover: "safe"`: shards taken over from a gone holder, locked but not announced until
+   * `announceAt` (the member's clock): key2 -> token and when.
+   */
+  readonly #outwaiting = new Map<number, { token: bigint; announceAt: number }>();
+  /** The last tick's view: shards other sessions held, and the member pids that held shards. */
+  #lastOthers: ReadonlySet<number> = new Set();
+  #lastHolders: readonly number[] = [];
+  /**
+   * `takeover: "safe"`: until when (the member's clock) the polls try every shard others hold
+   * (a member just went: if it left, it unlocks its shards {@linkcode LEAVE_GRACE_MS} after its
+   * leave, and a taker that sees them unlocked by the live session announces them at once).
+   */
+  #sweepUntil = 0;
   #session: LockSession | undefined;
   #sessionLost: AbortSignal = AbortSignal.abort();
   #backendPid = 0;
@@ -310,6 +341,7 @@ export class GroupMember {
       settings: watcherSettings(this.#config.settings),
       gone: () => {
         this.#takeover = TAKEOVER_TICKS;
+        if (this.#config.takeover === "safe") this.#sweepUntil = this.#config.clock() + SWEEP_MS;
         this.#wake.abort();
       },
       error: (error) => {
@@ -418,6 +450,7 @@ export class GroupMember {
     this.#session = undefined;
     this.#joined = false;
     this.#unannounced = [];
+    this.#outwaiting.clear();
     session?.destroy();
   }
 
@@ -427,15 +460,34 @@ export class GroupMember {
     if (session && !session.isEnded) {
       try {
         const held = [
-          ...new Set([...this.#released, ...this.#unannounced, ...this.#draining.keys()]),
+          ...new Set([
+            ...this.#released,
+            ...this.#unannounced,
+            ...this.#draining.keys(),
+            ...this.#outwaiting.keys(),
+          ]),
         ];
         this.#released = [];
+        this.#outwaiting.clear();
         this.#draining.clear();
         // In the session's turn: after a fenced transaction of the work that is still running.
         await withDeadline(
           this.#exclusive(async () => {
-            if (held.length > 0) await release(session, this.#config.key1, held);
-            if (this.#joined) await leave(session, this.#config.key1, this.#memberId);
+            const { key1, takeover, handoverPollMs } = this.#config;
+            if (takeover === "safe" && this.#joined && held.length > 0) {
+              // Safe mode: leave first, then unlock, so that the members that take the shards
+              // see them freed by a live session (its terms ended before the leave): a handover,
+              // not a takeover that waits out a lease. The others' watchers wake them at the
+              // leave; a taker that looks only after the unlock waits the lease (safe, slower).
+              await leave(session, key1, this.#memberId);
+              this.#joined = false;
+              await sleep(
+                Math.min(END_TIMEOUT_MS / 2, Math.max(LEAVE_GRACE_MS, 2 * handoverPollMs)),
+                [],
+              );
+            }
+            if (held.length > 0) await release(session, key1, held);
+            if (this.#joined) await leave(session, key1, this.#memberId);
           }),
           END_TIMEOUT_MS,
         );
@@ -544,7 +596,13 @@ export class GroupMember {
         );
       }
       this.#observer.renewed(this.#terms.size, this.#lease.deadline);
+      this.#announceDue(mine);
       const others = new Set(seen.others);
+      const memberPids = new Set(seen.members.map((m) => m.pid));
+      this.#lastOthers = others;
+      this.#lastHolders = [...seen.holders].filter((pid) =>
+        pid !== seen.backendPid && memberPids.has(pid)
+      );
       const free: number[] = [];
       for (const k of shards) {
         if (mine.has(k) || others.has(k)) this.#freeStreak.delete(k);
@@ -562,7 +620,9 @@ export class GroupMember {
       }
 
       // Locks this session holds without a term (a statement that failed half-way): unlock.
-      const stray = seen.mine.filter((k) => !this.#terms.has(k) && !this.#draining.has(k));
+      const stray = seen.mine.filter((k) =>
+        !this.#terms.has(k) && !this.#draining.has(k) && !this.#outwaiting.has(k)
+      );
       const handOver = [...this.#terms.keys()].filter((k) =>
         !target.has(k) && (this.#adoptedUntil.get(k) ?? 0) <= this.#tick
       );
@@ -578,7 +638,7 @@ export class GroupMember {
 
       const wanted = free.filter((k) => target.has(k));
       const { max } = fairShare(shards.length, assignment.members.length);
-      const room = max - (this.#terms.size + wanted.length);
+      const room = max - (this.#terms.size + this.#outwaiting.size + wanted.length);
       // Woken because a member went: every free shard now (its share, mostly), each kept until
       // the first tick a health interval later, when the members it is assigned to have seen the
       // change and take it over.
@@ -605,17 +665,30 @@ export class GroupMember {
       for (const k of target) {
         if (others.has(k) && !this.#pendingSince.has(k)) this.#pendingSince.set(k, now);
       }
-      const nextTick = sentAt + (this.#takeover > 0 ? handoverPollMs : healthIntervalMs);
+      let nextTick = sentAt + (this.#takeover > 0 ? handoverPollMs : healthIntervalMs);
+      // A shard waiting out its previous holder's lease is announced by the tick after its time.
+      for (const { announceAt } of this.#outwaiting.values()) {
+        nextTick = Math.min(nextTick, Math.max(announceAt, clock()));
+      }
       let pending = [...this.#pendingSince.entries()]
         .filter(([, since]) => now - since < this.#config.leaseMs + 2 * healthIntervalMs)
         .map(([k]) => k);
+      const sweeping = () => clock() < this.#sweepUntil;
+      if (sweeping()) pending = [...new Set([...pending, ...others])];
       while (pending.length > 0 && clock() + handoverPollMs < nextTick) {
         await sleep(handoverPollMs, [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
         if (this.#stop.signal.aborted) return;
         if (this.#wake.signal.aborted) break;
         const got = new Set(await this.#acquire(pending));
-        for (const k of got) this.#pendingSince.delete(k);
-        pending = pending.filter((k) => !got.has(k) && !this.#terms.has(k));
+        for (const k of got) {
+          this.#pendingSince.delete(k);
+          // Swept from a leaving member: kept until its assigned member has seen the change.
+          if (!target.has(k)) this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
+        }
+        pending = pending.filter((k) =>
+          !got.has(k) && !this.#terms.has(k) && !this.#outwaiting.has(k) &&
+          (target.has(k) || sweeping())
+        );
       }
       await sleep(nextTick - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
       if (this.#sessionLost.aborted && !this.#stop.signal.aborted) {
@@ -781,7 +854,7 @@ export class GroupMember {
    * rest once (an error event), and tries more only every {@linkcode FULL_RETRY_TICKS} ticks.
    */
   async #acquire(keys: readonly number[]): Promise<number[]> {
-    const todo = keys.filter((k) => !this.#terms.has(k));
+    const todo = keys.filter((k) => !this.#terms.has(k) && !this.#outwaiting.has(k));
     if (todo.length === 0) return [];
     if (this.#fullSince !== undefined && this.#tick - this.#fullSince < FULL_RETRY_TICKS) return [];
     const { key1, settleMs, clock } = this.#config;
@@ -791,6 +864,7 @@ export class GroupMember {
     }
     const taken: { key2: number; token: bigint }[] = [];
     let full: unknown;
+    let answeredAt = clock();
     for (let chunk = chunks.shift(); chunk; chunk = chunks.shift()) {
       const sentAt = clock();
       let got;
@@ -810,6 +884,7 @@ export class GroupMember {
       // A standby (a router sent the session there, or the DSN names a demoted host): nothing
       // was taken; the session is closed and the member connects again, paced.
       if (got.readOnly) throw readOnlyError(this.#config.target ?? "the server");
+      answeredAt = clock();
       this.#lease.renew(sentAt);
       if (got.token === undefined) continue;
       for (const key2 of got.shards) taken.push({ key2, token: got.token });
@@ -838,8 +913,60 @@ export class GroupMember {
     if (this.#sessionLost.aborted) throw new SessionEnded(this.#sessionLost.reason);
     if (this.#stop.signal.aborted) return []; // released by the shutdown, never announced
     if (!this.#lease.valid) throw new LeaseExpired();
+    let announce = taken;
+    if (this.#config.takeover === "safe") {
+      const handedOver = await this.#handedOver(taken.map((t) => t.key2));
+      announce = taken.filter((t) => handedOver.has(t.key2));
+      for (const { key2, token } of taken) {
+        if (!handedOver.has(key2)) {
+          this.#outwaiting.set(key2, { token, announceAt: answeredAt + this.#config.leaseMs });
+        }
+      }
+    }
     this.#unannounced = [];
-    for (const { key2, token } of taken) {
+    for (const { key2, token } of announce) this.#announce(key2, token);
+    return taken.map((t) => t.key2);
+  }
+
+  /**
+   * `takeover: "safe"`: which of `keys`, just granted, were handed over: seen held by another
+   * session at the last tick, and every member session that held shards then still holds its
+   * member lock now, after the grant. A session-level lock is freed only by an unlock or the
+   * session's end, so a shard freed while its holder's session lives was unlocked on purpose,
+   * after its term ended. A holder without a member lock is a member leaving (it ends its terms
+   * before its leave, and unlocks its shards after) or a session that is no member (no term).
+   * Conservative: when any holder session is gone, none of the grant's shards count as handed
+   * over (the tick's view tells holder pids, not which shard each held).
+   */
+  async #handedOver(keys: readonly number[]): Promise<Set<number>> {
+    const seenHeld = keys.filter((k) => this.#lastOthers.has(k));
+    if (seenHeld.length === 0) return new Set();
+    const sentAt = this.#config.clock();
+    const now = await this.#query((s) => observe(s, this.#config.key1, this.#facts!.databaseOid));
+    this.#lease.renew(sentAt);
+    const alive = new Set(now.members.map((m) => m.pid));
+    return this.#lastHolders.every((pid) => alive.has(pid)) ? new Set(seenHeld) : new Set();
+  }
+
+  /**
+   * Announces the shards whose wait out of the previous holder's lease is over, if this
+   * session still holds them (`mine`, just observed); those it no longer holds are dropped.
+   */
+  #announceDue(mine: ReadonlySet<number>): void {
+    const now = this.#config.clock();
+    for (const [key2, { token, announceAt }] of [...this.#outwaiting]) {
+      if (!mine.has(key2)) this.#outwaiting.delete(key2);
+      else if (now >= announceAt) {
+        this.#outwaiting.delete(key2);
+        this.#announce(key2, token);
+      }
+    }
+  }
+
+  /** Starts the term of a shard this session holds under `token`: `acquired`. */
+  #announce(key2: number, token: bigint): void {
+    const { key1 } = this.#config;
+    {
       const controller = new AbortController();
       const facts = this.#facts!;
       const scope = new GroupShardTerm(key2, token, controller.signal, {
@@ -860,7 +987,6 @@ export class GroupMember {
       this.#terms.set(key2, { token, controller, scope });
       this.#observer.acquired(key2, token, controller.signal);
     }
-    return taken.map((t) => t.key2);
   }
 
   /** Ends the terms of `keys` on purpose; their unlock is queued in #released. */
@@ -875,6 +1001,7 @@ export class GroupMember {
     for (const key2 of [...this.#terms.keys()]) this.#endTerm(key2, "lost", reason, error);
     this.#released = [];
     this.#draining.clear();
+    this.#outwaiting.clear();
   }
 
   #endTerm(
