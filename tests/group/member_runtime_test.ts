@@ -202,7 +202,11 @@ Deno.test({
       assert.ok(errors[i]!.length <= 2, `member ${i}: ${errors[i]!.map((e) => e.message)}`);
       for (const error of errors[i]!) assert.match(error.message, /lock table is full/);
     }
-    assert.equal((await viewGroup(pg, 3030, shards)).members.length, 3);
+    // Each member's own view (a query of another session would need a lock-table entry of its
+    // own, and the members have just filled the table: it can fail with "out of shared memory").
+    for (const [i, g] of groups.entries()) {
+      assert.equal(g.members.length, 3, `member ${i} sees ${g.members.length} members`);
+    }
   } finally {
     await Promise.all(groups.map((g) => g.shutdown()));
   }
