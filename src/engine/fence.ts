@@ -337,47 +337,26 @@ export class Fence {
   }
 
   /**
-   * A fenced transaction's COMMIT, and in the same round trip the ownership check and the
-   * session's settings set again. A session that no longer holds the lock (the transaction's code
-   * unlocked it; its writes committed under the transaction-level hold) or whose check failed
-   * gives the lock up, which ends the term. Rejects only when the COMMIT itself failed.
+   * A fenced transaction's COMMIT and the check after it ({@linkcode commitFenced}): a session that
+   * no longer holds the lock (the transaction's code unlocked it; its writes committed under the
+   * transaction-level hold) or whose check failed gives the lock up, which ends the term. Rejects
+   * only when the COMMIT itself failed.
    */
   async #commit(state: TermState, session: LockSession): Promise<void> {
-    const { statements, settings } = this.#options;
     const { role, sessionAuthorization } = state.facts;
-    let held: boolean;
-    try {
-      held = await statements.fenceCommit(session, settings, role, sessionAuthorization);
-    } catch (error) {
-      // The check runs in a transaction block of its own: a session left in a failed block
-      // committed, and only its check failed. Idle (or a driver that does not say): the COMMIT
-      // failed, and the transaction rolled back.
-      if (session.isEnded || session.transactionStatus?.() !== "E") throw error;
-      await session.query("ROLLBACK").catch(() => {});
-      held = false;
-    }
-    if (!held) this.#giveUp(state);
+    const ends = { settings: this.#options.settings, role, sessionAuthorization };
+    if (!(await commitFenced(this.#options.statements, session, ends))) this.#giveUp(state);
   }
 
   /**
-   * After a fenced transaction's ROLLBACK: the ownership check and the session's settings set
-   * again. A session that no longer holds the lock (an advisory unlock is not rolled back) or
-   * whose check failed gives the lock up, which ends the term.
+   * After a fenced transaction's ROLLBACK ({@linkcode closeFenced}): a session that no longer
+   * holds the lock (an advisory unlock is not rolled back) or whose check failed gives the lock
+   * up, which ends the term.
    */
   async #close(state: TermState, session: LockSession): Promise<void> {
-    const { statements, settings } = this.#options;
-    let held = false;
-    try {
-      held = await statements.fenceClose(
-        session,
-        settings,
-        state.facts.role,
-        state.facts.sessionAuthorization,
-      );
-    } catch {
-      // The session's end (or the check's failure) ends the term below.
-    }
-    if (!held) this.#giveUp(state);
+    const { role, sessionAuthorization } = state.facts;
+    const ends = { settings: this.#options.settings, role, sessionAuthorization };
+    if (!(await closeFenced(this.#options.statements, session, ends))) this.#giveUp(state);
   }
 
   /** The lock is gone or unproven: the lease ends here at once, and the port gives the lock up. */
@@ -394,5 +373,74 @@ export class Fence {
     if (!state.ended && !state.lease.valid) state.end("lease-expired");
     if (!state.ended && !state.session.isEnded) return;
     throw state.ended ?? new LeadershipEndedError("released", state.token);
+  }
+}
+
+/** What the end of a fenced transaction sets the session back to. */
+export interface FenceEnds {
+  /** The settings the lock's sessions run under. */
+  readonly settings: Readonly<Record<string, string>>;
+  /** The session's `role` after set-up. */
+  readonly role: string;
+  /** The session user after set-up. */
+  readonly sessionAuthorization: string;
+}
+
+/**
+ * A fenced transaction's COMMIT, and in the same round trip the ownership check and the session's
+ * settings set again: for a LeaderLock's terms and a LeaderGroup's shard terms alike.
+ *
+ * @param statements The lock's statements.
+ * @param session The session, inside the fenced transaction.
+ * @param ends What the check sets the session back to.
+ * @returns Whether the session still holds the lock after the COMMIT (`false` also when the check
+ * failed after the COMMIT went through).
+ * @throws {unknown} The COMMIT's error, when the COMMIT itself failed (the transaction rolled back).
+ */
+export async function commitFenced(
+  statements: Pick<FenceStatements, "fenceCommit">,
+  session: LockSession,
+  ends: FenceEnds,
+): Promise<boolean> {
+  try {
+    return await statements.fenceCommit(
+      session,
+      ends.settings,
+      ends.role,
+      ends.sessionAuthorization,
+    );
+  } catch (error) {
+    // The check runs in a transaction block of its own: a session left in a failed block
+    // committed, and only its check failed. Idle (or a driver that does not say): the COMMIT
+    // failed, and the transaction rolled back.
+    if (session.isEnded || session.transactionStatus?.() !== "E") throw error;
+    await session.query("ROLLBACK").catch(() => {});
+    return false;
+  }
+}
+
+/**
+ * After a fenced transaction's ROLLBACK: the ownership check and the session's settings set again.
+ *
+ * @param statements The lock's statements.
+ * @param session The session, outside a transaction.
+ * @param ends What the check sets the session back to.
+ * @returns Whether the session still holds the lock (`false` when the check failed: it proves
+ * nothing).
+ */
+export async function closeFenced(
+  statements: Pick<FenceStatements, "fenceClose">,
+  session: LockSession,
+  ends: FenceEnds,
+): Promise<boolean> {
+  try {
+    return await statements.fenceClose(
+      session,
+      ends.settings,
+      ends.role,
+      ends.sessionAuthorization,
+    );
+  } catch {
+    return false;
   }
 }

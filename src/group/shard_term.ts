@@ -12,6 +12,7 @@
  */
 import type { Row } from "../engine/protocol.ts";
 import { LockStatements } from "../engine/protocol.ts";
+import { closeFenced, commitFenced } from "../engine/fence.ts";
 import type { LockSession } from "../engine/session.ts";
 import { type FencedRunner, LeaderTerm, type TermTransaction } from "../engine/term.ts";
 
@@ -80,6 +81,11 @@ export class GroupShardTerm extends LeaderTerm implements ShardTermFence {
    */
   constructor(key2: number, fencingToken: bigint, signal: AbortSignal, context: ShardFenceContext) {
     const statements = new LockStatements(context.key1, key2, context.leaseMs);
+    const ends = {
+      settings: context.settings,
+      role: context.role,
+      sessionAuthorization: context.sessionAuthorization,
+    };
     const check = (held: boolean) => {
       if (!held) context.notHeld();
     };
@@ -90,40 +96,10 @@ export class GroupShardTerm extends LeaderTerm implements ShardTermFence {
         check(held);
         return held;
       },
-      // COMMIT and the ownership check after it, in one round trip (as a LeaderLock's term).
-      commit: async (session: LockSession) => {
-        let held: boolean;
-        try {
-          held = await statements.fenceCommit(
-            session,
-            context.settings,
-            context.role,
-            context.sessionAuthorization,
-          );
-        } catch (error) {
-          // The check runs in a transaction block of its own: a session left in a failed block
-          // committed, and only its check failed; idle, the COMMIT itself failed.
-          if (session.isEnded || session.transactionStatus?.() !== "E") throw error;
-          await session.query("ROLLBACK").catch(() => {});
-          held = false;
-        }
-        check(held);
-      },
+      // COMMIT and the ownership check after it, in one round trip, as a LeaderLock's term.
+      commit: async (session: LockSession) => check(await commitFenced(statements, session, ends)),
       // After a ROLLBACK: the check and the session's settings set again.
-      close: async (session: LockSession) => {
-        let held = false;
-        try {
-          held = await statements.fenceClose(
-            session,
-            context.settings,
-            context.role,
-            context.sessionAuthorization,
-          );
-        } catch {
-          // A failed check proves nothing: the term ends below, the next tick finds the rest.
-        }
-        check(held);
-      },
+      close: async (session: LockSession) => check(await closeFenced(statements, session, ends)),
     });
     this.key2 = key2;
   }
