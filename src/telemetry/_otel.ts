@@ -232,3 +232,29 @@ export function checkOptions(what: string, options: unknown): void {
     );
   }
 }
+
+/**
+ * Adds a guarded listener of `type` to `target` (a throwing listener is reported to `diag`, never
+ * to the target's other listeners) and records how to remove it.
+ *
+ * @param target What the recorder observes.
+ * @param diag Where a listener's failure goes.
+ * @param type The event type.
+ * @param listener The recorder's listener.
+ * @param unlisten Receives the function that removes it.
+ */
+export function listenGuarded<E>(
+  target: EventTarget,
+  diag: DiagLogger,
+  type: string,
+  listener: (event: E) => void,
+  unlisten: (() => void)[],
+): void {
+  const wrapped = guarded(
+    diag,
+    `the '${type}' listener`,
+    (event: Event) => listener(event as unknown as E),
+  );
+  target.addEventListener(type, wrapped);
+  unlisten.push(() => target.removeEventListener(type, wrapped));
+}

@@ -35,6 +35,7 @@ import {
   commonAttributes,
   guarded,
   instrumentsOf,
+  listenGuarded,
   loadOtelApi,
   meterOf,
   type OtelApi,
@@ -145,13 +146,13 @@ class GroupRecorder implements LeaderGroupTelemetry {
     type: K,
     listener: (event: GroupEventFields[K]) => void,
   ): void {
-    const wrapped = guarded(
+    listenGuarded(
+      this.#group as unknown as EventTarget,
       this.#api.diag,
-      `the '${type}' listener`,
-      (event: Event) => listener(event as unknown as GroupEventFields[K]),
+      type,
+      listener,
+      this.#unlisten,
     );
-    this.#group.addEventListener(type, wrapped);
-    this.#unlisten.push(() => this.#group.removeEventListener(type, wrapped));
   }
 
   #add(counter: CounterId, extra?: Attributes, value = 1): void {

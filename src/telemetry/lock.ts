@@ -37,6 +37,7 @@ import {
   commonAttributes,
   guarded,
   instrumentsOf,
+  listenGuarded,
   loadOtelApi,
   meterOf,
   type OtelApi,
@@ -204,13 +205,13 @@ class LockRecorder implements LeaderLockTelemetry {
     type: K,
     listener: (event: LockEventFields[K]) => void,
   ): void {
-    const wrapped = guarded(
+    listenGuarded(
+      this.#lock as unknown as EventTarget,
       this.#api.diag,
-      `the '${type}' listener`,
-      (event: Event) => listener(event as unknown as LockEventFields[K]),
+      type,
+      listener,
+      this.#unlisten,
     );
-    this.#lock.addEventListener(type, wrapped);
-    this.#unlisten.push(() => this.#lock.removeEventListener(type, wrapped));
   }
 
   /** Counters start at 0 for every attribute value, as `/metrics` shows them. */
