@@ -253,7 +253,8 @@ export function listenGuarded<E>(
   const wrapped = guarded(
     diag,
     `the '${type}' listener`,
-    (event: Event) => listener(event as unknown as E),
+    // `unknown`, not `Event`: where Node's types are loaded too (the doc tests), two Event types exist.
+    (event: unknown) => listener(event as E),
   );
   target.addEventListener(type, wrapped);
   unlisten.push(() => target.removeEventListener(type, wrapped));
