@@ -13,6 +13,11 @@
  *    shard stays unowned longer than about (A + 1) health intervals plus the settle and a
  *    statement (about 3 H with the defaults). A real member counted absent by mistake (it holds
  *    nothing while others hold all of its share for A + 5 ticks) joins again under a new id.
+ *    Only the group's shards count: a (key1, key2) lock with key2 outside them holds nothing.
+ *    A member-like session that holds a shard (never counted absent) and takes none of its share
+ *    strands nothing either: a shard of another member's share free for A + 3 ticks is rescued
+ *    beyond the fair share and kept for a while (10 ticks, doubling each time the same shard is
+ *    rescued again under the same membership, up to 160) before it is handed back.
  * 3. Hands over the shards it holds that the assignment gives to another member: ends their
  *    terms (signal aborted, `released`), then unlocks them in one statement once their lead()
  *    work has drained (`MemberObserver.drain`, at most the lease less a health interval). The
@@ -159,6 +164,20 @@ const ADOPTED_HOLD_TICKS = 3;
  * against the member it is assigned to (that member takes it at its next tick or poll).
  */
 const HANDOVER_GRACE_TICKS = 2;
+/**
+ * How many ticks beyond `adoptAfterTicks` a shard assigned to another member that holds shards
+ * stays free before this member rescues it beyond its fair share (a forged member lock in a
+ * session that holds a shard of the group: it takes nothing more, and is never counted absent).
+ */
+export const RESCUE_EXTRA_TICKS = 3;
+/**
+ * How many ticks a rescued shard is kept at first before it is handed to its assigned member
+ * (views that disagreed while the membership settled agree by then); each rescue of the same shard
+ * under the same membership doubles it, up to {@linkcode RESCUE_MAX_HOLD_TICKS}.
+ */
+const RESCUE_HOLD_TICKS = 10;
+/** The longest a rescued shard is kept before it is handed over (a rescue again if still free). */
+const RESCUE_MAX_HOLD_TICKS = 160;
 /** How many ticks, a poll period apart, take a gone member's shards over. */
 const TAKEOVER_TICKS = 2;
 /** The most shards one try-lock statement takes. */
@@ -213,6 +232,15 @@ export class GroupMember {
   readonly #idleStreak = new Map<number, number>();
   /** Member ids left out of the assignment until their session holds a shard. */
   readonly #absent = new Set<number>();
+  /**
+   * Shards rescued beyond the fair share (free for `adoptAfterTicks` + {@linkcode
+   * RESCUE_EXTRA_TICKS} ticks while assigned to a member that holds others): key2 -> the
+   * membership they were rescued under, the tick until which they are kept and the hold of the
+   * next rescue. Kept until then (or until the membership changes), then handed over as usual.
+   */
+  readonly #rescued = new Map<number, { under: string; until: number; hold: number }>();
+  /** The group's shards as a set, for the observation's filter. */
+  readonly #shardSet: ReadonlySet<number>;
   /** Consecutive ticks this member held nothing while others held all of its share. */
   #starvedTicks = 0;
   /** When the current run of starved ticks began (the member's clock). */
@@ -245,6 +273,7 @@ export class GroupMember {
     this.#observer = observer;
     this.#lease = new Lease(config.leaseMs, config.clock);
     this.#memberId = config.memberId >>> 0;
+    this.#shardSet = new Set(config.shards);
   }
 
   /** The shards led now: held with a lease that has not run out, checked when read. */
@@ -582,7 +611,9 @@ export class GroupMember {
       const takeover = this.#takeover > 0;
       if (takeover) this.#takeover--;
       const sentAt = clock();
-      const seen = await this.#query((s) => observe(s, key1, this.#facts!.databaseOid));
+      const seen = await this.#query((s) =>
+        observe(s, key1, this.#facts!.databaseOid, this.#shardSet)
+      );
       this.#renew(sentAt);
       this.#tick++;
       const mine = new Set(seen.mine);
@@ -623,8 +654,12 @@ export class GroupMember {
       const stray = seen.mine.filter((k) =>
         !this.#terms.has(k) && !this.#draining.has(k) && !this.#outwaiting.has(k)
       );
+      for (const [k, { under }] of [...this.#rescued]) {
+        if (under !== this.#membersKey) this.#rescued.delete(k);
+      }
+      const kept = (k: number) => (this.#rescued.get(k)?.until ?? 0) > this.#tick;
       const handOver = [...this.#terms.keys()].filter((k) =>
-        !target.has(k) && (this.#adoptedUntil.get(k) ?? 0) <= this.#tick
+        !target.has(k) && (this.#adoptedUntil.get(k) ?? 0) <= this.#tick && !kept(k)
       );
       this.#releaseTerms(handOver, "rebalance");
       // A graceful move: the moved shards stay locked while their work drains (the face's
@@ -653,7 +688,27 @@ export class GroupMember {
       if (!takeover) {
         for (const k of adopt) this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
       }
-      await this.#acquire([...wanted, ...adopt]);
+      // Coverage before balance: a shard of another member's share free for long (that member
+      // holds shards, so it is not counted absent, yet it does not take this one) is rescued
+      // beyond the fair share, unless the lock table is full (then nobody can take it).
+      const chosen = new Set([...wanted, ...adopt, ...taken]);
+      const rescue = this.#fullSince !== undefined ? [] : free.filter((k) =>
+        !chosen.has(k) &&
+        (this.#freeStreak.get(k) ?? 0) >= this.#config.adoptAfterTicks + RESCUE_EXTRA_TICKS
+      );
+      const got = await this.#acquire([...wanted, ...adopt, ...rescue]);
+      if (rescue.length > 0) {
+        const gotSet = new Set(got);
+        for (const k of rescue) {
+          if (!gotSet.has(k)) continue;
+          const hold = this.#rescued.get(k)?.hold ?? RESCUE_HOLD_TICKS;
+          this.#rescued.set(k, {
+            under: this.#membersKey,
+            until: this.#tick + hold,
+            hold: Math.min(2 * hold, RESCUE_MAX_HOLD_TICKS),
+          });
+        }
+      }
 
       // Shards assigned here that another session still holds: poll for their release until
       // the next tick (for at most the longest drain of a move, the lease less a health
@@ -854,7 +909,11 @@ export class GroupMember {
    * rest once (an error event), and tries more only every {@linkcode FULL_RETRY_TICKS} ticks.
    */
   async #acquire(keys: readonly number[]): Promise<number[]> {
-    const todo = keys.filter((k) => !this.#terms.has(k) && !this.#outwaiting.has(k));
+    // Never a shard this session holds (ACQUIRE does not check: a second lock would need a
+    // second unlock): those led, waiting out a lease, or draining after a move.
+    const todo = keys.filter((k) =>
+      !this.#terms.has(k) && !this.#outwaiting.has(k) && !this.#draining.has(k)
+    );
     if (todo.length === 0) return [];
     if (this.#fullSince !== undefined && this.#tick - this.#fullSince < FULL_RETRY_TICKS) return [];
     const { key1, settleMs, clock } = this.#config;
@@ -869,7 +928,7 @@ export class GroupMember {
       const sentAt = clock();
       let got;
       try {
-        got = await this.#query((s) => acquire(s, key1, chunk, this.#facts!.databaseOid));
+        got = await this.#query((s) => acquire(s, key1, chunk));
       } catch (error) {
         if (sqlState(error) !== OUT_OF_SHARED_MEMORY) throw error;
         await this.#query((s) => release(s, key1, chunk));
@@ -942,7 +1001,9 @@ export class GroupMember {
     const seenHeld = keys.filter((k) => this.#lastOthers.has(k));
     if (seenHeld.length === 0) return new Set();
     const sentAt = this.#config.clock();
-    const now = await this.#query((s) => observe(s, this.#config.key1, this.#facts!.databaseOid));
+    const now = await this.#query((s) =>
+      observe(s, this.#config.key1, this.#facts!.databaseOid, this.#shardSet)
+    );
     this.#lease.renew(sentAt);
     const alive = new Set(now.members.map((m) => m.pid));
     return this.#lastHolders.every((pid) => alive.has(pid)) ? new Set(seenHeld) : new Set();
@@ -1002,6 +1063,7 @@ export class GroupMember {
     this.#released = [];
     this.#draining.clear();
     this.#outwaiting.clear();
+    this.#rescued.clear();
   }
 
   #endTerm(

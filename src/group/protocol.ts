@@ -17,6 +17,7 @@
  *
  * @module
  */
+import { PgLeaderLockError } from "../engine/errors.ts";
 import type { LockSession } from "../engine/session.ts";
 
 /**
@@ -57,10 +58,13 @@ SELECT r.read_only,
 
 /**
  * The tick: in one read of pg_locks, the ownership proof of every shard this session holds
- * (`mine`), the shards other sessions hold (`others`), the backend pids that hold at least one
- * shard (`holders`), and the live members as `memberId:pid` pairs (`members`), for group
- * key1 = `$1` in the database of oid `$2`. Lists are comma-separated text (one
- * value each, cheap to parse for 10,000 shards).
+ * (`mine`), the two-int4 locks of key1 other sessions hold (`others`) with their holders' pids
+ * in the same order (`other_pids`: one aggregate input, two aggregates fed the same rows), and
+ * the live members as `memberId:pid` pairs (`members`), for group key1 = `$1` in the database
+ * of oid `$2`. Lists are comma-separated text (one value each, cheap to parse for 10,000
+ * shards). Which of those locks are shards of the group (and so which pids hold shards) is
+ * for the member to say: a (key1, key2) lock with key2 outside the group's shards is somebody
+ * else's.
  */
 export const OBSERVE = `
 SELECT pg_catalog.pg_backend_pid() AS backend_pid,
@@ -70,8 +74,9 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
        pg_catalog.array_to_string(pg_catalog.array_agg(l.objid) FILTER (
          WHERE l.objsubid OPERATOR(pg_catalog.=) 2
            AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()), ',') AS others,
-       pg_catalog.array_to_string(pg_catalog.array_agg(DISTINCT l.pid) FILTER (
-         WHERE l.objsubid OPERATOR(pg_catalog.=) 2), ',') AS holders,
+       pg_catalog.array_to_string(pg_catalog.array_agg(l.pid) FILTER (
+         WHERE l.objsubid OPERATOR(pg_catalog.=) 2
+           AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()), ',') AS other_pids,
        pg_catalog.array_to_string(pg_catalog.array_agg(
            l.objid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
              OPERATOR(pg_catalog.||) l.pid::pg_catalog.text
@@ -85,13 +90,16 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
    AND l.granted`;
 
 /**
- * Try-locks the shards (key1 = `$1`, key2 in `$2`, database oid `$3`) without waiting, skipping any this session
- * holds already (a second lock would need a second unlock). Only when at least one was taken
- * does the same statement take the fencing token: it forces a transaction id and makes it
- * durable on the local server (a transactional WAL message under `synchronous_commit = local`,
- * never waiting for a standby), and reads the WAL file name, whose first 8 hex digits are the
- * timeline. Every try-lock runs before the token is read: the aggregate consumes the whole
- * `attempt` CTE first.
+ * Try-locks the shards (key1 = `$1`, key2 in `$2`) without waiting. The caller passes only
+ * shards this session does not hold (a second lock would need a second unlock): the member knows
+ * what it holds (every statement error but a full lock table closes its session, and a full
+ * table's statement is undone by {@linkcode RELEASE}), so the statement reads no pg_locks, whose
+ * scan would cost more than the try-locks at 10,000 shards (bench/results/group-failover/STAGES.md).
+ * Only when at least one was taken does the same statement take the fencing token: it forces a
+ * transaction id and makes it durable on the local server (a transactional WAL message under
+ * `synchronous_commit = local`, never waiting for a standby), and reads the WAL file name, whose
+ * first 8 hex digits are the timeline. Every try-lock runs before the token is read: the
+ * aggregate consumes the whole `attempt` CTE first.
  *
  * Before anything is taken, the statement asks whether the server is a standby
  * (`pg_is_in_recovery()`) or the session read-only: then it takes nothing and says so
@@ -103,20 +111,9 @@ WITH ro AS MATERIALIZED (
   SELECT pg_catalog.pg_is_in_recovery()
       OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
       AS read_only
-), held AS MATERIALIZED (
-  SELECT l.objid
-    FROM pg_catalog.pg_locks AS l
-   WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
-     AND l.database OPERATOR(pg_catalog.=) $3::pg_catalog.oid
-     AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
-     AND l.objsubid OPERATOR(pg_catalog.=) 2
-     AND l.granted
-     AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
 ), attempt AS MATERIALIZED (
   SELECT k.key2,
          CASE WHEN (SELECT ro.read_only FROM ro) THEN false
-              WHEN k.key2::pg_catalog.oid OPERATOR(pg_catalog.=) ANY (SELECT h.objid FROM held AS h)
-              THEN false
               ELSE pg_catalog.pg_try_advisory_lock($1::pg_catalog.int4, k.key2) END AS ok
     FROM pg_catalog.unnest($2::pg_catalog.int4[]) AS k(key2)
 )
@@ -287,11 +284,17 @@ export interface Observation {
   readonly backendPid: number;
   /** key2 of every shard lock this session holds. */
   readonly mine: readonly number[];
-  /** key2 of every shard lock other sessions hold. */
+  /** key2 of every shard of the group other sessions hold. */
   readonly others: readonly number[];
   /** The live members, by id. */
   readonly members: readonly MemberRow[];
-  /** The backend pids that hold at least one shard of the group. */
+  /** key2 -> the backend pid of the other session that holds it, for every shard in `others`. */
+  readonly holderOf: ReadonlyMap<number, number>;
+  /**
+   * The backend pids that hold at least one shard of the group (this session's included when
+   * it holds one): a (key1, key2) lock whose key2 is not a shard of the group makes nobody a
+   * holder.
+   */
   readonly holders: ReadonlySet<number>;
 }
 
@@ -311,14 +314,37 @@ function parseList(value: unknown): number[] {
  * @param session The session.
  * @param key1 The group's key1.
  * @param databaseOid The session's database ({@linkcode MemberSession.databaseOid}).
+ * @param shards The group's shards (key2 values): other (key1, key2) locks are left out.
  * @returns What pg_locks shows of the group.
  */
 export async function observe(
   session: LockSession,
   key1: number,
   databaseOid: number,
+  shards: ReadonlySet<number>,
 ): Promise<Observation> {
   const [row] = await session.query(OBSERVE, [key1, databaseOid]);
+  const mine = parseList(row?.mine).filter((k) => shards.has(k));
+  const otherKeys = parseList(row?.others);
+  const otherPids = typeof row?.other_pids === "string" && row.other_pids !== ""
+    ? row.other_pids.split(",").map(Number)
+    : [];
+  if (otherPids.length !== otherKeys.length) {
+    throw new PgLeaderLockError(
+      `OBSERVE returned ${otherKeys.length} locks and ${otherPids.length} holders for group ${key1}`,
+    );
+  }
+  const others: number[] = [];
+  const holderOf = new Map<number, number>();
+  const holders = new Set<number>();
+  for (const [i, key2] of otherKeys.entries()) {
+    if (!shards.has(key2)) continue;
+    others.push(key2);
+    holderOf.set(key2, otherPids[i]!);
+    holders.add(otherPids[i]!);
+  }
+  const backendPid = Number(row?.backend_pid);
+  if (mine.length > 0) holders.add(backendPid);
   const members: MemberRow[] = [];
   if (typeof row?.members === "string" && row.members !== "") {
     for (const pair of row.members.split(",")) {
@@ -326,17 +352,7 @@ export async function observe(
       members.push({ memberId: Number(id) >>> 0, pid: Number(pid) });
     }
   }
-  return {
-    backendPid: Number(row?.backend_pid),
-    mine: parseList(row?.mine),
-    others: parseList(row?.others),
-    members,
-    holders: new Set(
-      typeof row?.holders === "string" && row.holders !== ""
-        ? row.holders.split(",").map(Number)
-        : [],
-    ),
-  };
+  return { backendPid, mine, others, members, holderOf, holders };
 }
 
 /** What {@linkcode acquire} took. */
@@ -366,17 +382,15 @@ export function fencingToken(walfile: string, xid: string): bigint {
  *
  * @param session The session.
  * @param key1 The group's key1.
- * @param shards The key2 values to try, distinct.
- * @param databaseOid The session's database ({@linkcode MemberSession.databaseOid}).
+ * @param shards The key2 values to try, distinct, none held by this session.
  * @returns The shards taken and their token.
  */
 export async function acquire(
   session: LockSession,
   key1: number,
   shards: readonly number[],
-  databaseOid: number,
 ): Promise<Acquired> {
-  const [row] = await session.query(ACQUIRE, [key1, shards, databaseOid]);
+  const [row] = await session.query(ACQUIRE, [key1, shards]);
   const taken = parseList(row?.acquired);
   const token = typeof row?.walfile === "string" && typeof row?.xid === "string"
     ? fencingToken(row.walfile, row.xid)

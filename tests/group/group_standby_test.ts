@@ -42,7 +42,7 @@ Deno.test("The group's JOIN and ACQUIRE take nothing on a standby and say so", a
   try {
     const facts = await setUp(onStandby, {});
     assertEquals(await join(onStandby, key1, 1), "read-only");
-    const got = await acquire(onStandby, key1, [0, 1, 2], facts.databaseOid);
+    const got = await acquire(onStandby, key1, [0, 1, 2]);
     assertEquals(got.readOnly, true);
     assertEquals(got.shards, []);
     assertEquals(got.token, undefined);
@@ -51,7 +51,7 @@ Deno.test("The group's JOIN and ACQUIRE take nothing on a standby and say so", a
     const primaryFacts = await setUp(onPrimary, {});
     assertEquals(await join(onPrimary, key1, 1), "joined");
     assertEquals(await join(onPrimary, key1 + 1, 1), "joined");
-    const taken = await acquire(onPrimary, key1, [0, 1, 2], primaryFacts.databaseOid);
+    const taken = await acquire(onPrimary, key1, [0, 1, 2]);
     assertEquals(taken.readOnly, false);
     assertEquals(taken.shards, [0, 1, 2]);
     assert(taken.token !== undefined);

@@ -94,6 +94,13 @@ const STRAYS: { what: string; key1: number; shards: number; sql: string }[] = [
     shards: 64,
     sql: `SELECT pg_advisory_lock(${memberKey(9191, 12345)})`,
   },
+  // A (key1, key2) lock whose key2 is no shard of the group makes its session no shard holder.
+  {
+    what: "a forged member lock in a session that also holds (key1, key2) outside the shards",
+    key1: 9292,
+    shards: 12,
+    sql: `SELECT pg_advisory_lock(${memberKey(9292, 12345)}), pg_advisory_lock(9292, 100000)`,
+  },
 ];
 
 Deno.test({
@@ -206,6 +213,96 @@ Deno.test({
     // own, and the members have just filled the table: it can fail with "out of shared memory").
     for (const [i, g] of groups.entries()) {
       assert.equal(g.members.length, 3, `member ${i} sees ${g.members.length} members`);
+    }
+  } finally {
+    await Promise.all(groups.map((g) => g.shutdown()));
+  }
+});
+
+Deno.test({
+  name: "A forged member lock in a session that holds a shard of the group strands none of its " +
+    "share: the members rescue it beyond their fair share",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  await using pg = await startPostgres();
+  const key1 = 9393;
+  const shards = 24;
+  const rogueShard = 5;
+  const healthIntervalMs = 100;
+  const groups = [0, 1, 2].map(() =>
+    new LeaderGroup({ dsn: pg.dsn, key1, shards, healthIntervalMs, leaseMs: 1000 })
+  );
+  try {
+    await Promise.all(groups.map((g) => g.start()));
+    const led = () => {
+      const counts = new Map<number, number>();
+      for (const g of groups) for (const k of g.leading) counts.set(k, (counts.get(k) ?? 0) + 1);
+      return counts;
+    };
+    await until(() => led().size === shards, 5000, "every shard led before the forged member");
+    // The rogue queues for the shard (the members only try-lock: a waiter in the queue gets it
+    // first), its leader leaves, and the rogue holds it beside a member-like lock.
+    const leader = groups.find((g) => g.leading.has(rogueShard))!;
+    const rogue = new PgClient({ connectionString: pg.dsn });
+    rogue.on("error", () => {});
+    await rogue.connect();
+    try {
+      const queued = rogue.query(`SELECT pg_advisory_lock(${key1}, ${rogueShard})`);
+      await until(
+        async () => {
+          const rows = await pg.query(
+            `SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+              AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2`,
+            [key1, rogueShard],
+          );
+          return rows.length === 1;
+        },
+        5000,
+        "the rogue waiting for the shard",
+      );
+      await leader.shutdown();
+      await queued;
+      await rogue.query(`SELECT pg_advisory_lock(${memberKey(key1, 12345)})`);
+      const live = groups.filter((g) => g !== leader);
+      const coveredByMembers = () => {
+        const counts = new Map<number, number>();
+        for (const g of live) for (const k of g.leading) counts.set(k, (counts.get(k) ?? 0) + 1);
+        return counts;
+      };
+      const everyOther = () => {
+        const counts = coveredByMembers();
+        for (let k = 0; k < shards; k++) {
+          if (k !== rogueShard && counts.get(k) !== 1) return false;
+        }
+        return true;
+      };
+      await until(() => live.every((g) => g.members.length >= 3), 5000, "the forged member seen");
+      // The documented bound is about (adoptAfterTicks + 4) health intervals plus the settle
+      // and a statement: 600 ms here; the wait allows for a loaded machine.
+      await until(everyOther, 5000, "every shard but the rogue's led by one member").catch((e) => {
+        throw new Error(`${e.message}: ${[...coveredByMembers()].sort((a, b) => a[0] - b[0])}`);
+      });
+      // And it stays so: for twenty health intervals no shard but the rogue's goes unowned for
+      // longer than a handover.
+      const unownedSince = new Map<number, number>();
+      let longest = 0;
+      for (const end = performance.now() + 20 * healthIntervalMs; performance.now() < end;) {
+        const counts = coveredByMembers();
+        const now = performance.now();
+        for (let k = 0; k < shards; k++) {
+          if (k === rogueShard) continue;
+          assert.ok((counts.get(k) ?? 0) <= 1, `shard ${k} led by two members`);
+          if (counts.has(k)) unownedSince.delete(k);
+          else if (!unownedSince.has(k)) unownedSince.set(k, now);
+          else longest = Math.max(longest, now - unownedSince.get(k)!);
+        }
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      assert.ok(longest < 500, `a shard stayed unowned for ${Math.round(longest)} ms`);
+      assert.ok(!coveredByMembers().has(rogueShard), "a member leads the rogue's shard");
+    } finally {
+      await rogue.end();
     }
   } finally {
     await Promise.all(groups.map((g) => g.shutdown()));
