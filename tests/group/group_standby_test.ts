@@ -40,7 +40,7 @@ Deno.test("The group's JOIN and ACQUIRE take nothing on a standby and say so", a
   const onStandby = await sessionOn(standby.dsn);
   const onPrimary = await sessionOn(primary.dsn);
   try {
-    const facts = await setUp(onStandby, {});
+    await setUp(onStandby, {});
     assertEquals(await join(onStandby, key1, 1), "read-only");
     const got = await acquire(onStandby, key1, [0, 1, 2]);
     assertEquals(got.readOnly, true);
@@ -48,7 +48,7 @@ Deno.test("The group's JOIN and ACQUIRE take nothing on a standby and say so", a
     assertEquals(got.token, undefined);
     assertEquals(await groupLocks(standby, key1), 0, "no lock on the standby");
     // On the primary the same statements take their locks.
-    const primaryFacts = await setUp(onPrimary, {});
+    await setUp(onPrimary, {});
     assertEquals(await join(onPrimary, key1, 1), "joined");
     assertEquals(await join(onPrimary, key1 + 1, 1), "joined");
     const taken = await acquire(onPrimary, key1, [0, 1, 2]);
