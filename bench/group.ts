@@ -32,12 +32,20 @@ const { values: flags } = parseArgs({
 });
 const quick = flags.quick ?? false;
 const failoverOnly = flags.failover ?? false;
-const SIZES = failoverOnly ? [1000, 10000] : quick ? [10, 1000] : [10, 1000, 10000];
-const MEMBERS = failoverOnly ? [3, 10] : quick ? [1, 3] : [1, 3, 10];
+// PGLEADERLOCK_BENCH_GROUP="10000x3" runs one configuration only (for a stage breakdown by hand).
+const only = Deno.env.get("PGLEADERLOCK_BENCH_GROUP")?.split("x").map(Number);
+const SIZES = only
+  ? [only[0]!]
+  : failoverOnly
+  ? [1000, 10000]
+  : quick
+  ? [10, 1000]
+  : [10, 1000, 10000];
+const MEMBERS = only ? [only[1]!] : failoverOnly ? [3, 10] : quick ? [1, 3] : [1, 3, 10];
 const LOCKS = failoverOnly ? [] : quick ? [10, 100] : [10, 100, 1000];
 const LOCK_FAILOVER_TRIALS = quick ? 5 : 20;
 const IDLE_WINDOW_MS = quick ? 2000 : 5000;
-const outDir = new URL(
+const outDir = only ? new URL(`file://${Deno.makeTempDirSync()}/`) : new URL(
   failoverOnly ? "./results/group-failover/" : quick ? "./results/quick/" : "./results/",
   import.meta.url,
 );
@@ -251,6 +259,20 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
     let violations = 0;
     let maxOverlap = 0;
     let terms = 0;
+    const kinds = new Map<string, number>();
+    const examples: string[] = [];
+    for (const [key2, report] of reports) {
+      for (const v of report.violations) {
+        kinds.set(v.kind, (kinds.get(v.kind) ?? 0) + 1);
+        if (examples.length < 3) examples.push(`shard ${key2}: ${v.kind}: ${v.message}`);
+      }
+    }
+    if (examples.length > 0) {
+      console.error(
+        `N=${n} M=${m}: violations by kind ${JSON.stringify(Object.fromEntries(kinds))}`,
+      );
+      for (const line of examples) console.error(`  ${line}`);
+    }
     for (const report of reports.values()) {
       violations += report.violations.length;
       maxOverlap = Math.max(maxOverlap, report.maxOverlapMs);

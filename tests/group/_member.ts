@@ -16,9 +16,10 @@ const encoder = new TextEncoder();
 let lines: string[] = [];
 /** Writes the lines printed since the last flush (one write, not one per event). */
 function flush(): void {
-  const out = lines.join("");
+  let out = encoder.encode(lines.join(""));
   lines = [];
-  Deno.stdout.writeSync(encoder.encode(out));
+  // writeSync may write part of a large batch (a pipe holds 64 KiB): write the rest too.
+  while (out.length > 0) out = out.subarray(Deno.stdout.writeSync(out));
 }
 /**
  * Timestamps `record` now and prints it once the current run of events is over (a microtask),
