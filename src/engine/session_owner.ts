@@ -12,12 +12,7 @@
 import { withResolvers } from "./_compat.ts";
 import { ABORTED, sleep, untilAborted } from "./_async.ts";
 import { ConnectionError, type PgLeaderLockError, ShutdownError, sqlState } from "./errors.ts";
-import {
-  type LockStatements,
-  MIN_SERVER_VERSION,
-  type SessionFacts,
-  type StatementRunner,
-} from "./protocol.ts";
+import { MIN_SERVER_VERSION, type SessionFacts, type StatementRunner } from "./protocol.ts";
 import type { RetrySeries } from "./retry_series.ts";
 import type { Connector, LockSession } from "./session.ts";
 
@@ -59,14 +54,39 @@ export interface FencePort {
   drop(): void;
 }
 
+/** What set-up must learn of a session for {@linkcode SessionOwner} to refuse an unfit server. */
+export interface UnfitFacts {
+  /** `server_version_num`. */
+  readonly serverVersion: number;
+  /** The backend pid. */
+  readonly backendPid: number;
+  /** Whether the server is a standby or the session read-only. */
+  readonly readOnly: boolean;
+}
+
+/**
+ * The set-up statement of a session: LeaderLock's `LockStatements` (protocol.ts), or a
+ * LeaderGroup member's (src/group/protocol.ts).
+ */
+export interface SetUpStatement<F extends UnfitFacts> {
+  /**
+   * Pins the settings and reads the facts.
+   *
+   * @param session The new session.
+   * @param settings Setting name -> value.
+   * @returns What it learnt.
+   */
+  setUp(session: LockSession, settings: Readonly<Record<string, string>>): Promise<F>;
+}
+
 /** What {@linkcode SessionOwner} is built from. */
-export interface SessionOwnerOptions {
+export interface SessionOwnerOptions<F extends UnfitFacts = SessionFacts> {
   /** Opens sessions. */
   readonly connector: Connector;
   /** The settings every session runs under. */
   readonly settings: Readonly<Record<string, string>>;
   /** Runs the set-up statement. */
-  readonly statements: LockStatements;
+  readonly statements: SetUpStatement<F>;
   /** Aborted when the candidate stops: a waiting statement is taken back by closing the session. */
   readonly stop: AbortSignal;
   /** Paces reconnects; reset by every statement that worked ({@linkcode SessionOwner.succeeded}). */
@@ -75,11 +95,14 @@ export interface SessionOwnerOptions {
   readonly report: (error: PgLeaderLockError, retryInMs?: number) => void;
 }
 
-/** One candidate's session, one at a time. */
-export class SessionOwner implements FencePort {
-  readonly #options: SessionOwnerOptions;
+/**
+ * One candidate's session, one at a time: a LeaderLock's, or a LeaderGroup member's (`F` is what
+ * its set-up learns).
+ */
+export class SessionOwner<F extends UnfitFacts = SessionFacts> implements FencePort {
+  readonly #options: SessionOwnerOptions<F>;
   #session: LockSession | undefined;
-  #facts: SessionFacts | undefined;
+  #facts: F | undefined;
   #lost: AbortSignal = AbortSignal.abort();
   #lastError: unknown;
   /** Serializes the protocol's statements and the user's fenced ones on the one session. */
@@ -91,7 +114,7 @@ export class SessionOwner implements FencePort {
    *
    * @param options Connector, settings, statements and the stop signal.
    */
-  constructor(options: SessionOwnerOptions) {
+  constructor(options: SessionOwnerOptions<F>) {
     this.#options = options;
   }
 
@@ -101,7 +124,7 @@ export class SessionOwner implements FencePort {
   }
 
   /** What set-up learnt of the current session. */
-  get facts(): SessionFacts | undefined {
+  get facts(): F | undefined {
     return this.#facts;
   }
 
@@ -343,7 +366,7 @@ export class SessionOwner implements FencePort {
  * A server that cannot hold a leader: one older than PostgreSQL 14 is a permanent error, at once;
  * a standby or read-only session is a transient one (see {@linkcode readOnlyError}).
  */
-function refuseUnfit(facts: SessionFacts, target: string): void {
+function refuseUnfit(facts: UnfitFacts, target: string): void {
   if (facts.serverVersion < MIN_SERVER_VERSION) {
     throw new ConnectionError(
       `PostgreSQL ${

@@ -54,19 +54,18 @@
  * @module
  */
 import { ConnectionError, LockError, PgLeaderLockError } from "../engine/errors.ts";
-import { readOnlyError } from "../engine/session_owner.ts";
+import { readOnlyError, SessionLost, SessionOwner } from "../engine/session_owner.ts";
 import { Lease } from "../engine/lease.ts";
 import type { RetryStrategy } from "../engine/retry.ts";
 import type { TakeoverMode } from "../engine/config.ts";
 import { FALLBACK_DELAY_MS, RetrySeries } from "../engine/retry_series.ts";
 import type { LockSession, SessionConnector } from "../engine/session.ts";
-import { ABORTED, DeadlineError, sleep, untilAborted, withDeadline } from "../engine/_async.ts";
+import { DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
 import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
-import { withResolvers } from "../engine/_compat.ts";
 import {
   acquire,
   join,
@@ -212,11 +211,24 @@ export class GroupMember {
    * leave, and a taker that sees them unlocked by the live session announces them at once).
    */
   #sweepUntil = 0;
-  #session: LockSession | undefined;
-  #sessionLost: AbortSignal = AbortSignal.abort();
-  #backendPid = 0;
+  /**
+   * The member's session, its lost signal and its turn queue: the engine's session owner, as a
+   * LeaderLock's (connect, set up, refuse a standby or a server older than PostgreSQL 14, pace
+   * the reconnects by the retry strategy).
+   */
+  readonly #owner: SessionOwner<MemberSession>;
+  readonly #series: RetrySeries;
+  get #session(): LockSession | undefined {
+    return this.#owner.session;
+  }
+  /** Aborted once the current session has ended (already aborted before the first). */
+  get #sessionLost(): AbortSignal {
+    return this.#owner.lost;
+  }
   /** What set-up learnt of the current session. */
-  #facts: MemberSession | undefined;
+  get #facts(): MemberSession | undefined {
+    return this.#owner.facts;
+  }
   #memberId: number;
   #joined = false;
   #assignment: Assignment | undefined;
@@ -255,8 +267,6 @@ export class GroupMember {
    * went: its backend may still be releasing its shards when the first one looks).
    */
   #takeover = 0;
-  /** Settles when the session's current user (a statement of the member or the work) is done. */
-  #turn: Promise<void> = Promise.resolve();
   /** The tick at which a try-lock last found the lock table full (undefined: not full). */
   #fullSince: number | undefined;
   /** Whether the full lock table was reported (once per member run). */
@@ -274,6 +284,29 @@ export class GroupMember {
     this.#lease = new Lease(config.leaseMs, config.clock);
     this.#memberId = config.memberId >>> 0;
     this.#shardSet = new Set(config.shards);
+    this.#series = new RetrySeries(
+      config.retryStrategy,
+      config.clock,
+      (what, cause) =>
+        observer.error(
+          new PgLeaderLockError(
+            `The retry strategy ${what}, which is not a delay in ms or null: retrying in ${FALLBACK_DELAY_MS} ms`,
+            cause === undefined ? undefined : { cause },
+          ),
+        ),
+    );
+    this.#owner = new SessionOwner<MemberSession>({
+      connector: {
+        connect: config.connect,
+        target: config.target ?? "the server",
+        pinsAtStartup: false,
+      },
+      settings: config.settings,
+      statements: { setUp },
+      stop: this.#stop.signal,
+      retry: this.#series,
+      report: (error) => observer.error(error),
+    });
   }
 
   /** The shards led now: held with a lease that has not run out, checked when read. */
@@ -324,7 +357,7 @@ export class GroupMember {
 
   /** The backend pid of the session (0 without one). */
   get backendPid(): number {
-    return this.#session?.isEnded === false ? this.#backendPid : 0;
+    return this.#owner.backendPid;
   }
 
   /** Milliseconds of lease left (0 when expired or holding nothing). */
@@ -344,7 +377,7 @@ export class GroupMember {
 
   /** Closes the socket at once (a shutdown that timed out). */
   destroySession(): void {
-    this.#session?.destroy();
+    this.#owner.destroy();
   }
 
   /**
@@ -353,17 +386,7 @@ export class GroupMember {
    * @returns Settles with everything released and closed.
    */
   async run(): Promise<void> {
-    const series = new RetrySeries(
-      this.#config.retryStrategy,
-      this.#config.clock,
-      (what, cause) =>
-        this.#observer.error(
-          new PgLeaderLockError(
-            `The retry strategy ${what}, which is not a delay in ms or null: retrying in ${FALLBACK_DELAY_MS} ms`,
-            cause === undefined ? undefined : { cause },
-          ),
-        ),
-    );
+    const series = this.#series;
     this.#watcher = new RingWatcher({
       key1: this.#config.key1,
       connect: this.#config.connect,
@@ -408,6 +431,15 @@ export class GroupMember {
         this.#loseAll(error instanceof LeaseExpired ? "lease-expired" : "session-ended", error);
         this.#closeNow();
         if (this.#stop.signal.aborted) return;
+        // Opening, setting up or joining failed: reported and paced by the session owner, as
+        // LeaderLock's reconnects are (a permanent error or a strategy that gives up stops).
+        if (!joinedThisRound) {
+          if (!(await this.#owner.pace(error))) {
+            if (!this.#stop.signal.aborted) this.#fatal = this.#owner.fatal;
+            return;
+          }
+          continue;
+        }
         if (!(error instanceof SessionEnded)) this.#observer.error(wrap(error));
         if (isPermanent(error)) {
           this.#fatal = wrap(error);
@@ -442,20 +474,24 @@ export class GroupMember {
   // --- session ------------------------------------------------------------------------------
 
   async #open(): Promise<void> {
-    const session = await this.#config.connect(this.#stop.signal, this.#config.settings);
-    const lost = new AbortController();
-    this.#session = session;
-    this.#sessionLost = lost.signal;
-    session.ended.then((error) => {
-      if (this.#session !== session) return;
+    // Connecting and set-up are bounded by the lease, as every statement of the member is.
+    const bound = new AbortController();
+    const timer = setTimeout(
+      () => bound.abort(new DeadlineError(this.#config.leaseMs)),
+      this.#config.leaseMs,
+    );
+    try {
+      await this.#owner.open(AbortSignal.any([this.#stop.signal, bound.signal]));
+    } finally {
+      clearTimeout(timer);
+    }
+    const session = this.#owner.session;
+    this.#owner.lost.addEventListener("abort", () => {
+      if (this.#owner.session !== session) return;
       // At once, not at the loop's next step: every term's signal aborts as soon as the
       // driver reports the end of the session.
-      this.#loseAll("session-ended", error);
-      lost.abort(new SessionEnded(error));
-    });
-    const facts = await this.#query((s) => setUp(s, this.#config.settings));
-    this.#backendPid = facts.backendPid;
-    this.#facts = facts;
+      this.#loseAll("session-ended", this.#owner.lastError);
+    }, { once: true });
     await this.#join();
   }
 
@@ -475,12 +511,10 @@ export class GroupMember {
   }
 
   #closeNow(): void {
-    const session = this.#session;
-    this.#session = undefined;
     this.#joined = false;
     this.#unannounced = [];
     this.#outwaiting.clear();
-    session?.destroy();
+    void this.#owner.close(false);
   }
 
   async #leaveAndClose(): Promise<void> {
@@ -524,10 +558,9 @@ export class GroupMember {
         // Closing the session releases everything anyway.
       }
     }
-    this.#session = undefined;
     this.#joined = false;
     this.#lease.revoke();
-    if (session) await session.end(END_TIMEOUT_MS);
+    await this.#owner.close(true);
   }
 
   /**
@@ -551,7 +584,9 @@ export class GroupMember {
         bound,
       );
     } catch (error) {
-      if (session.isEnded || this.#sessionLost.aborted) throw new SessionEnded(error);
+      if (error instanceof SessionLost || session.isEnded || this.#sessionLost.aborted) {
+        throw new SessionEnded(error);
+      }
       if (error instanceof DeadlineError) throw new LeaseExpired(error);
       throw error;
     }
@@ -562,20 +597,8 @@ export class GroupMember {
    * turns, in the order they asked. `signal` gives up the wait (a fenced call whose term ended),
    * leaving its place to the next.
    */
-  async #exclusive<T>(fn: () => Promise<T>, signal?: AbortSignal): Promise<T> {
-    const previous = this.#turn;
-    const turn = withResolvers<void>();
-    this.#turn = turn.promise;
-    try {
-      if (signal === undefined) await previous;
-      else if ((await untilAborted(previous, signal)) === ABORTED) {
-        previous.then(() => turn.resolve());
-        throw signal.reason;
-      }
-      return await fn();
-    } finally {
-      turn.resolve();
-    }
+  #exclusive<T>(fn: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    return this.#owner.exclusive(() => fn(), signal);
   }
 
   /**
@@ -595,10 +618,18 @@ export class GroupMember {
     };
     return async <T>(fn: (session: LockSession) => Promise<T>): Promise<T> => {
       assertCurrent();
-      return await this.#exclusive(() => {
-        assertCurrent();
-        return fn(session!);
-      }, signal);
+      try {
+        return await this.#exclusive(() => {
+          assertCurrent();
+          return fn(session!);
+        }, signal);
+      } catch (error) {
+        // The session ended or was replaced while the call waited for its turn.
+        if (error instanceof SessionLost) {
+          throw new ShardTermEndedError(this.#config.key1, key2, token, "session-ended");
+        }
+        throw error;
+      }
     };
   }
 
@@ -747,7 +778,7 @@ export class GroupMember {
       }
       await sleep(nextTick - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
       if (this.#sessionLost.aborted && !this.#stop.signal.aborted) {
-        throw new SessionEnded(this.#sessionLost.reason);
+        throw new SessionEnded(this.#owner.lastError);
       }
     }
   }
@@ -969,7 +1000,7 @@ export class GroupMember {
     // A shard whose previous holder's session died (killed backend) may still be claimed by that
     // holder until its socket reports the end: wait before announcing.
     if (settleMs > 0) await sleep(settleMs, [this.#stop.signal, this.#sessionLost]);
-    if (this.#sessionLost.aborted) throw new SessionEnded(this.#sessionLost.reason);
+    if (this.#sessionLost.aborted) throw new SessionEnded(this.#owner.lastError);
     if (this.#stop.signal.aborted) return []; // released by the shutdown, never announced
     if (!this.#lease.valid) throw new LeaseExpired();
     let announce = taken;

@@ -24,7 +24,8 @@ import type { LockSession } from "../engine/session.ts";
  * Pins the session's settings and reads the server version, the backend pid, the database's oid
  * (for the statements below: pg_database is a shared catalog, whose lock takes an entry of the
  * server's lock table, so a statement that reads it fails when that table is full), and the role
- * and session user (set again after a fenced shard transaction). `$1` is a JSON
+ * and session user (set again after a fenced shard transaction), and whether the server is a
+ * standby or the session read-only (the session owner refuses it then). `$1` is a JSON
  * object of setting name -> value; settings the server does not have (idle_session_timeout
  * before PostgreSQL 14) are skipped.
  */
@@ -35,6 +36,9 @@ SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS serv
          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) AS database_oid,
        pg_catalog.current_setting('role') AS role,
        pg_catalog.current_setting('session_authorization') AS session_authorization,
+       pg_catalog.pg_is_in_recovery()
+         OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+         AS read_only,
        (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
           FROM pg_catalog.json_each_text($1::pg_catalog.json) AS v
           JOIN pg_catalog.pg_settings AS s ON s.name OPERATOR(pg_catalog.=) v.key
@@ -215,6 +219,8 @@ export interface MemberSession {
   readonly role: string;
   /** `current_setting('session_authorization')` after set-up. */
   readonly sessionAuthorization: string;
+  /** The server is a standby or the session read-only: no member can lead there. */
+  readonly readOnly: boolean;
 }
 
 /**
@@ -226,7 +232,7 @@ export interface MemberSession {
  */
 export async function setUp(
   session: LockSession,
-  settings: Record<string, string>,
+  settings: Readonly<Record<string, string>>,
 ): Promise<MemberSession> {
   const [row] = await session.query(SETUP, [JSON.stringify(settings)]);
   return {
@@ -237,6 +243,7 @@ export async function setUp(
     sessionAuthorization: typeof row?.session_authorization === "string"
       ? row.session_authorization
       : "",
+    readOnly: row?.read_only === true,
   };
 }
 
