@@ -233,6 +233,12 @@ export class GroupMember {
   #joined = false;
   #assignment: Assignment | undefined;
   #membersKey = "";
+  /**
+   * The assignment without the member this one watches (the next in the ring), computed ahead
+   * while the membership is steady: when that member goes, this member is the one woken, and the
+   * takeover tick finds its assignment ready (about 15-35 ms for 10,000 shards otherwise).
+   */
+  #spare: { key: string; assignment: Assignment } | undefined;
   #tick = 0;
   /** key2 -> consecutive ticks it was seen free. */
   readonly #freeStreak = new Map<number, number>();
@@ -776,6 +782,7 @@ export class GroupMember {
           (target.has(k) || sweeping())
         );
       }
+      if (!takeover) this.#prepareSpare(assignment.members);
       await sleep(nextTick - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
       if (this.#sessionLost.aborted && !this.#stop.signal.aborted) {
         throw new SessionEnded(this.#owner.lastError);
@@ -902,11 +909,27 @@ export class GroupMember {
     await this.#join();
   }
 
+  /** Computes {@linkcode #spare} for `members` (ascending) without the next in the ring. */
+  #prepareSpare(members: readonly number[]): void {
+    const next = nextInRing(members, this.#memberId);
+    if (next === undefined) {
+      this.#spare = undefined;
+      return;
+    }
+    const ids = members.filter((m) => m !== next);
+    const key = ids.join(",");
+    if (this.#spare?.key !== key) {
+      this.#spare = { key, assignment: assignShards(this.#config.shards, ids) };
+    }
+  }
+
   #assign(members: readonly MemberRow[]): Assignment {
     const ids = members.map((m) => m.memberId).sort((a, b) => a - b);
     const key = ids.join(",");
     if (this.#assignment === undefined || key !== this.#membersKey) {
-      this.#assignment = assignShards(this.#config.shards, ids);
+      this.#assignment = this.#spare?.key === key
+        ? this.#spare.assignment
+        : assignShards(this.#config.shards, ids);
       this.#membersKey = key;
       this.#observer.membership(
         this.#assignment.members,
@@ -953,19 +976,48 @@ export class GroupMember {
       chunks.push(todo.slice(i, i + ACQUIRE_CHUNK));
     }
     const taken: { key2: number; token: bigint }[] = [];
+    // Pipelined (not with takeover "safe", which checks the whole grant at once): each chunk's
+    // shards are announced once their own settle has passed, between the answer of a later chunk
+    // and the next one's, while the server runs that one.
+    const pipelined = this.#config.takeover !== "safe";
+    /** The chunks answered and not announced yet: taken[..end] is due at `readyAt`. */
+    const due: { end: number; readyAt: number }[] = [];
+    let announced = 0;
+    const announceDue = () => {
+      if (!pipelined || this.#sessionLost.aborted || this.#stop.signal.aborted) return;
+      if (!this.#lease.valid) return;
+      const now = clock();
+      while (due.length > 0 && due[0]!.readyAt <= now) {
+        const { end } = due.shift()!;
+        for (; announced < end; announced++) {
+          this.#announce(taken[announced]!.key2, taken[announced]!.token);
+        }
+      }
+    };
+    const send = (chunk: number[]) => {
+      const sentAt = clock();
+      const answer = this.#query((s) => acquire(s, key1, chunk));
+      answer.catch(() => {}); // awaited below; never an unhandled rejection meanwhile
+      return { chunk, sentAt, answer };
+    };
     let full: unknown;
     let answeredAt = clock();
-    for (let chunk = chunks.shift(); chunk; chunk = chunks.shift()) {
-      const sentAt = clock();
+    let first = chunks.shift();
+    let request = first === undefined ? undefined : send(first);
+    while (request !== undefined) {
+      const { chunk, sentAt, answer } = request;
+      request = undefined;
       let got;
       try {
-        got = await this.#query((s) => acquire(s, key1, chunk));
+        got = await answer;
       } catch (error) {
         if (sqlState(error) !== OUT_OF_SHARED_MEMORY) throw error;
         await this.#query((s) => release(s, key1, chunk));
         if (chunk.length > MIN_ACQUIRE_CHUNK) {
           const half = Math.ceil(chunk.length / 2);
           chunks.unshift(chunk.slice(0, half), chunk.slice(half));
+          first = chunks.shift();
+          request = first === undefined ? undefined : send(first);
           continue;
         }
         full = error;
@@ -976,9 +1028,14 @@ export class GroupMember {
       if (got.readOnly) throw readOnlyError(this.#config.target ?? "the server");
       answeredAt = clock();
       this.#lease.renew(sentAt);
-      if (got.token === undefined) continue;
-      for (const key2 of got.shards) taken.push({ key2, token: got.token });
-      this.#unannounced = taken.map((t) => t.key2);
+      if (got.token !== undefined) {
+        for (const key2 of got.shards) taken.push({ key2, token: got.token });
+        due.push({ end: taken.length, readyAt: answeredAt + settleMs });
+      }
+      const next = chunks.shift();
+      if (next !== undefined) request = send(next);
+      announceDue();
+      this.#unannounced = taken.slice(announced).map((t) => t.key2);
     }
     if (full === undefined) {
       this.#fullSince = undefined;
@@ -999,15 +1056,19 @@ export class GroupMember {
     if (taken.length === 0) return [];
     // A shard whose previous holder's session died (killed backend) may still be claimed by that
     // holder until its socket reports the end: wait before announcing.
-    if (settleMs > 0) await sleep(settleMs, [this.#stop.signal, this.#sessionLost]);
+    const wait = settleMs > 0 ? Math.max(0, answeredAt + settleMs - clock()) : 0;
+    if (announced < taken.length && wait > 0) {
+      await sleep(wait, [this.#stop.signal, this.#sessionLost]);
+    }
     if (this.#sessionLost.aborted) throw new SessionEnded(this.#owner.lastError);
     if (this.#stop.signal.aborted) return []; // released by the shutdown, never announced
     if (!this.#lease.valid) throw new LeaseExpired();
-    let announce = taken;
+    let announce = taken.slice(announced);
     if (this.#config.takeover === "safe") {
-      const handedOver = await this.#handedOver(taken.map((t) => t.key2));
-      announce = taken.filter((t) => handedOver.has(t.key2));
-      for (const { key2, token } of taken) {
+      const handedOver = await this.#handedOver(announce.map((t) => t.key2));
+      const rest = announce;
+      announce = rest.filter((t) => handedOver.has(t.key2));
+      for (const { key2, token } of rest) {
         if (!handedOver.has(key2)) {
           this.#outwaiting.set(key2, { token, announceAt: answeredAt + this.#config.leaseMs });
         }

@@ -24,8 +24,9 @@ import type { LockSession } from "../engine/session.ts";
  * Pins the session's settings and reads the server version, the backend pid, the database's oid
  * (for the statements below: pg_database is a shared catalog, whose lock takes an entry of the
  * server's lock table, so a statement that reads it fails when that table is full), and the role
- * and session user (set again after a fenced shard transaction), and whether the server is a
- * standby or the session read-only (the session owner refuses it then). `$1` is a JSON
+ * and session user (set again after a fenced shard transaction). It does not ask whether the
+ * server is a standby: a router that balances reads (pgpool-II with a `write_function_list`) may
+ * send this statement to one, and {@linkcode JOIN}, which always reaches the primary, asks. `$1` is a JSON
  * object of setting name -> value; settings the server does not have (idle_session_timeout
  * before PostgreSQL 14) are skipped.
  */
@@ -36,9 +37,6 @@ SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS serv
          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) AS database_oid,
        pg_catalog.current_setting('role') AS role,
        pg_catalog.current_setting('session_authorization') AS session_authorization,
-       pg_catalog.pg_is_in_recovery()
-         OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
-         AS read_only,
        (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
           FROM pg_catalog.json_each_text($1::pg_catalog.json) AS v
           JOIN pg_catalog.pg_settings AS s ON s.name OPERATOR(pg_catalog.=) v.key
@@ -107,13 +105,16 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
  *
  * Before anything is taken, the statement asks whether the server is a standby
  * (`pg_is_in_recovery()`) or the session read-only: then it takes nothing and says so
- * (`read_only`). A standby grants advisory locks too, and the token would fail there ("cannot
+ * (`read_only`). Like {@linkcode JOIN}, it names a system catalog (never scanned: `WHERE false`),
+ * so that pgpool-II sends it to the primary also when a `write_function_list` makes the
+ * try-locks look like reads. A standby grants advisory locks too, and the token would fail there ("cannot
  * assign TransactionIds during recovery", XX000) after the locks were taken, leaving them held.
  */
 export const ACQUIRE = `
 WITH ro AS MATERIALIZED (
   SELECT pg_catalog.pg_is_in_recovery()
       OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+      OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)
       AS read_only
 ), attempt AS MATERIALIZED (
   SELECT k.key2,
@@ -135,17 +136,21 @@ SELECT pg_catalog.array_to_string(pg_catalog.array_agg(a.key2) FILTER (WHERE a.o
 
 /**
  * Unlocks the shards (key1 = `$1`, key2 in `$2`) and returns those that were not held. The
- * comment shows in pg_stat_activity while it runs, for whoever watches the group.
+ * comment shows in pg_stat_activity while it runs, for whoever watches the group. It names a
+ * system catalog (never scanned), as {@linkcode JOIN} does, so that pgpool-II never sends the
+ * unlocks to a standby.
  */
 export const RELEASE = `/* pgleaderlock group release */
 SELECT pg_catalog.array_to_string(pg_catalog.array_agg(u.key2) FILTER (WHERE NOT u.ok), ',')
          AS not_held
   FROM (SELECT k.key2, pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, k.key2) AS ok
-          FROM pg_catalog.unnest($2::pg_catalog.int4[]) AS k(key2)) AS u`;
+          FROM pg_catalog.unnest($2::pg_catalog.int4[]) AS k(key2)
+         WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)) AS u`;
 
-/** Leaves the group: unlocks the member lock `$1` (bigint form). */
+/** Leaves the group: unlocks the member lock `$1` (bigint form), on the primary (see RELEASE). */
 export const LEAVE = `
-SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) AS left_group`;
+SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) AS left_group
+ WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)`;
 
 /**
  * What anyone with CONNECT can see of group key1 = `$1`: every granted lock of the group with
@@ -219,7 +224,10 @@ export interface MemberSession {
   readonly role: string;
   /** `current_setting('session_authorization')` after set-up. */
   readonly sessionAuthorization: string;
-  /** The server is a standby or the session read-only: no member can lead there. */
+  /**
+   * Always `false`: set-up does not ask (a router may send it to a standby); {@linkcode JOIN}
+   * does, and the member refuses the session then.
+   */
   readonly readOnly: boolean;
 }
 
@@ -243,7 +251,7 @@ export async function setUp(
     sessionAuthorization: typeof row?.session_authorization === "string"
       ? row.session_authorization
       : "",
-    readOnly: row?.read_only === true,
+    readOnly: false,
   };
 }
 
