@@ -188,6 +188,19 @@ const FULL_RETRY_TICKS = 5;
 /** "out of shared memory": the server's lock table is full. */
 const OUT_OF_SHARED_MEMORY = "53200";
 
+/** Consecutive ticks that saw something, and when the first of them did. */
+interface Streak {
+  readonly ticks: number;
+  readonly since: number;
+}
+
+/** `streak` one tick longer (a new one from `now`). */
+function grow(streak: Streak | undefined, now: number): Streak {
+  return streak === undefined
+    ? { ticks: 1, since: now }
+    : { ticks: streak.ticks + 1, since: streak.since };
+}
+
 /** One member's run, from start to stop. */
 export class GroupMember {
   readonly #config: MemberConfig;
@@ -246,14 +259,27 @@ export class GroupMember {
    */
   #spare: { key: string; assignment: Assignment } | undefined;
   #tick = 0;
-  /** key2 -> consecutive ticks it was seen free. */
-  readonly #freeStreak = new Map<number, number>();
+  /**
+   * key2 -> the consecutive ticks it was seen free, and when the first of them read it (the
+   * member's clock). A rule of "A ticks" needs both: A ticks, spanning at least A - 1 health
+   * intervals, since ticks come sooner after a wake (a drain that ended, a member that went).
+   */
+  readonly #freeStreak = new Map<number, Streak>();
   /** key2 -> the tick until which an adopted shard is kept. */
   readonly #adoptedUntil = new Map<number, number>();
+  /**
+   * key2 -> the membership under which it was last adopted as a long-free shard. The first such
+   * adoption under a membership is handed back at the next tick once the member it is assigned to
+   * holds shards (views that disagreed for a tick while the membership settled); a repeat keeps
+   * the full {@linkcode ADOPTED_HOLD_TICKS}.
+   */
+  readonly #adoptedUnder = new Map<number, string>();
+  /** Adopted shards that go back early (see {@linkcode #adoptedUnder}). */
+  readonly #earlyBack = new Set<number>();
   /** key2 -> when it was first seen assigned here but held by another session. */
   readonly #pendingSince = new Map<number, number>();
   /** memberId -> consecutive ticks its session held no shard while one assigned to it was free. */
-  readonly #idleStreak = new Map<number, number>();
+  readonly #idleStreak = new Map<number, Streak>();
   /** Member ids left out of the assignment until their session holds a shard. */
   readonly #absent = new Set<number>();
   /**
@@ -686,7 +712,7 @@ export class GroupMember {
         if (mine.has(k) || others.has(k)) this.#freeStreak.delete(k);
         else {
           free.push(k);
-          this.#freeStreak.set(k, (this.#freeStreak.get(k) ?? 0) + 1);
+          this.#freeStreak.set(k, grow(this.#freeStreak.get(k), sentAt));
         }
       }
       const assignment = this.#assignLive(seen, new Set(free));
@@ -705,9 +731,21 @@ export class GroupMember {
         if (under !== this.#membersKey) this.#rescued.delete(k);
       }
       const kept = (k: number) => (this.#rescued.get(k)?.until ?? 0) > this.#tick;
+      const pidOf = new Map(seen.members.map((m) => [m.memberId, m.pid]));
+      const ownerWorks = (k: number) => {
+        const owner = assignment.ownerOf.get(k);
+        return owner !== undefined && owner !== this.#memberId &&
+          seen.holders.has(pidOf.get(owner) ?? 0);
+      };
+      for (const [k, under] of [...this.#adoptedUnder]) {
+        if (under !== this.#membersKey) this.#adoptedUnder.delete(k);
+      }
       const handOver = [...this.#terms.keys()].filter((k) =>
-        !target.has(k) && (this.#adoptedUntil.get(k) ?? 0) <= this.#tick && !kept(k)
+        !target.has(k) && !kept(k) &&
+        ((this.#adoptedUntil.get(k) ?? 0) <= this.#tick ||
+          (this.#earlyBack.has(k) && ownerWorks(k)))
       );
+      for (const k of handOver) this.#earlyBack.delete(k);
       this.#releaseTerms(handOver, "rebalance");
       // A graceful move: the moved shards stay locked while their work drains (the face's
       // drain, bounded by the lease less a health interval); the ticks go on meanwhile (the
@@ -728,12 +766,19 @@ export class GroupMember {
       for (const k of taken) this.#adoptedUntil.set(k, this.#tick + this.#takeover + 1);
       const adopt = takeover ? taken : room <= 0 ? [] : free
         .filter((k) =>
-          !target.has(k) && (this.#freeStreak.get(k) ?? 0) >= this.#config.adoptAfterTicks
+          !target.has(k) && this.#lasted(this.#freeStreak.get(k), this.#config.adoptAfterTicks)
         )
         .sort((a, b) => score(b, this.#memberId) - score(a, this.#memberId))
         .slice(0, room);
       if (!takeover) {
-        for (const k of adopt) this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
+        for (const k of adopt) {
+          this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
+          if (this.#adoptedUnder.get(k) === this.#membersKey) this.#earlyBack.delete(k);
+          else this.#earlyBack.add(k);
+          this.#adoptedUnder.set(k, this.#membersKey);
+        }
+      } else {
+        for (const k of taken) this.#earlyBack.delete(k);
       }
       // Coverage before balance: a shard of another member's share free for long (that member
       // holds shards, so it is not counted absent, yet it does not take this one) is rescued
@@ -741,7 +786,7 @@ export class GroupMember {
       const chosen = new Set([...wanted, ...adopt, ...taken]);
       const rescue = this.#fullSince !== undefined ? [] : free.filter((k) =>
         !chosen.has(k) &&
-        (this.#freeStreak.get(k) ?? 0) >= this.#config.adoptAfterTicks + RESCUE_EXTRA_TICKS
+        this.#lasted(this.#freeStreak.get(k), this.#config.adoptAfterTicks + RESCUE_EXTRA_TICKS)
       );
       const got = await this.#acquire([...wanted, ...adopt, ...rescue]);
       if (rescue.length > 0) {
@@ -785,7 +830,10 @@ export class GroupMember {
         for (const k of got) {
           this.#pendingSince.delete(k);
           // Swept from a leaving member: kept until its assigned member has seen the change.
-          if (!target.has(k)) this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
+          if (!target.has(k)) {
+            this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
+            this.#earlyBack.delete(k);
+          }
         }
         pending = pending.filter((k) =>
           !got.has(k) && !this.#terms.has(k) && !this.#outwaiting.has(k) &&
@@ -815,6 +863,7 @@ export class GroupMember {
     if (theirs.length === 0) return;
     for (const k of await this.#acquire(theirs)) {
       this.#adoptedUntil.set(k, this.#tick + TAKEOVER_TICKS + 1);
+      this.#earlyBack.delete(k);
     }
   }
 
@@ -891,12 +940,18 @@ export class GroupMember {
       // the tick is no evidence either way (its streak neither grows nor ends).
       if (assigned.some((k) => mine.has(k) || this.#handedOverAt.has(k))) continue;
       if (!seen.holders.has(m.pid) && assigned.length > 0) {
-        const streak = (this.#idleStreak.get(m.memberId) ?? 0) + 1;
+        const streak = grow(this.#idleStreak.get(m.memberId), this.#config.clock());
         this.#idleStreak.set(m.memberId, streak);
         // Its share free: it does not take it. Held by others (who count it absent already): a
         // member joining takes its share within a handover, so two ticks more are plenty.
-        const bound = this.#config.adoptAfterTicks + (assigned.some((k) => free.has(k)) ? 0 : 2);
-        if (streak >= bound) {
+        // A shard of its share free for adoptAfterTicks ticks (not one just freed for it: it
+        // polls for those) is evidence; a share held by others needs two ticks more.
+        const A = this.#config.adoptAfterTicks;
+        const longFree = assigned.some((k) =>
+          free.has(k) && this.#lasted(this.#freeStreak.get(k), A)
+        );
+        const bound = A + (longFree ? 0 : 2);
+        if (this.#lasted(streak, bound)) {
           this.#idleStreak.delete(m.memberId);
           this.#absent.add(m.memberId);
           changed = true;
@@ -935,6 +990,12 @@ export class GroupMember {
     this.#joined = false;
     this.#memberId = randomMemberId();
     await this.#join();
+  }
+
+  /** Whether `streak` counts `ticks` ticks spanning at least `ticks - 1` health intervals. */
+  #lasted(streak: Streak | undefined, ticks: number): boolean {
+    if (streak === undefined || streak.ticks < ticks) return false;
+    return this.#config.clock() - streak.since >= (ticks - 1) * this.#config.healthIntervalMs;
   }
 
   /** Computes {@linkcode #spare} for `members` (ascending) without the next in the ring. */
@@ -1184,6 +1245,7 @@ export class GroupMember {
     this.#draining.clear();
     this.#outwaiting.clear();
     this.#rescued.clear();
+    this.#earlyBack.clear();
   }
 
   #endTerm(

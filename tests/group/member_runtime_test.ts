@@ -284,7 +284,8 @@ Deno.test({
         throw new Error(`${e.message}: ${[...coveredByMembers()].sort((a, b) => a[0] - b[0])}`);
       });
       // And it stays so: for twenty health intervals no shard but the rogue's goes unowned for
-      // longer than a handover.
+      // longer than the documented bound, (adoptAfterTicks + 4) health intervals plus the settle
+      // and a statement (a rescued shard is handed back now and then, and rescued again).
       const unownedSince = new Map<number, number>();
       let longest = 0;
       for (const end = performance.now() + 20 * healthIntervalMs; performance.now() < end;) {
@@ -299,7 +300,8 @@ Deno.test({
         }
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
-      assert.ok(longest < 500, `a shard stayed unowned for ${Math.round(longest)} ms`);
+      const boundMs = (2 + 4) * healthIntervalMs + 400;
+      assert.ok(longest < boundMs, `a shard stayed unowned for ${Math.round(longest)} ms`);
       assert.ok(!coveredByMembers().has(rogueShard), "a member leads the rogue's shard");
     } finally {
       await rogue.end();
