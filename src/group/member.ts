@@ -6,7 +6,8 @@
  *    and which shards others hold. Success renews the lease of every held shard at once.
  * 2. Computes the balanced assignment for the members that lead (balance.ts). Coverage comes
  *    before balance: a member id whose session holds no shard of the group at `adoptAfterTicks`
- *    (A) consecutive ticks while a shard assigned to it is free (an unrelated advisory lock that
+ *    (A) consecutive ticks (spanning A - 1 health intervals: ticks come sooner after a wake)
+ *    while a shard assigned to it has been free that long (an unrelated advisory lock that
  *    looks like a member, such as `pg_advisory_lock(7)` for key1 = 0, a forged member lock, a
  *    member that cannot take its shards) counts as absent: it is left out of the assignment until
  *    its session holds a shard, and the others lead its share. So while one member is alive, no

@@ -158,7 +158,10 @@ Deno.test({
           await new Promise((resolve) => setTimeout(resolve, 20));
         }
         assert.ok(longest < 500, `a shard stayed unowned for ${Math.round(longest)} ms`);
-        assert.ok(balanced(), `balanced over 3: ${groups.map((g) => g.leading.size)}`);
+        // Balanced at the end too (a handover in flight at this instant is not a failure).
+        await until(balanced, 2000, "balanced over the three members at the end").catch((e) => {
+          throw new Error(`${e.message}: ${groups.map((g) => g.leading.size)}`);
+        });
       } finally {
         await Promise.all(groups.map((g) => g.shutdown()));
       }
