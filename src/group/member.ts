@@ -936,21 +936,21 @@ export class GroupMember {
     for (const m of live()) {
       if (m.memberId === this.#memberId) continue;
       const assigned = assignment.byMember.get(m.memberId) ?? [];
-      // Part of its share still held by this member (a move whose work drains, an adopted shard
-      // kept) or unlocked by it in the last ticks: the member could not have taken it yet, so
-      // the tick is no evidence either way (its streak neither grows nor ends).
-      if (assigned.some((k) => mine.has(k) || this.#handedOverAt.has(k))) continue;
+      // A shard of its share free for adoptAfterTicks ticks (not one just freed for it: it polls
+      // for those; not one this member unlocked in the last ticks) is evidence that it does not
+      // take its share. Without such a shard, part of its share held by this member (a move whose
+      // work drains, an adopted or rescued shard kept) or just unlocked by it makes the tick no
+      // evidence either way (its streak neither grows nor ends): it could not have taken those.
+      const A = this.#config.adoptAfterTicks;
+      const longFree = assigned.some((k) =>
+        free.has(k) && !this.#handedOverAt.has(k) && this.#lasted(this.#freeStreak.get(k), A)
+      );
+      if (!longFree && assigned.some((k) => mine.has(k) || this.#handedOverAt.has(k))) continue;
       if (!seen.holders.has(m.pid) && assigned.length > 0) {
         const streak = grow(this.#idleStreak.get(m.memberId), this.#config.clock());
         this.#idleStreak.set(m.memberId, streak);
-        // Its share free: it does not take it. Held by others (who count it absent already): a
-        // member joining takes its share within a handover, so two ticks more are plenty.
-        // A shard of its share free for adoptAfterTicks ticks (not one just freed for it: it
-        // polls for those) is evidence; a share held by others needs two ticks more.
-        const A = this.#config.adoptAfterTicks;
-        const longFree = assigned.some((k) =>
-          free.has(k) && this.#lasted(this.#freeStreak.get(k), A)
-        );
+        // Its share long free: it does not take it. Held by others (who count it absent
+        // already): a member joining takes its share within a handover, so two ticks more.
         const bound = A + (longFree ? 0 : 2);
         if (this.#lasted(streak, bound)) {
           this.#idleStreak.delete(m.memberId);
