@@ -732,11 +732,10 @@ export class GroupMember {
         if (under !== this.#membersKey) this.#rescued.delete(k);
       }
       const kept = (k: number) => (this.#rescued.get(k)?.until ?? 0) > this.#tick;
-      const pidOf = new Map(seen.members.map((m) => [m.memberId, m.pid]));
       const ownerWorks = (k: number) => {
         const owner = assignment.ownerOf.get(k);
         return owner !== undefined && owner !== this.#memberId &&
-          seen.holders.has(pidOf.get(owner) ?? 0);
+          seen.holders.has(this.#lastMemberPid.get(owner) ?? 0);
       };
       for (const [k, under] of [...this.#adoptedUnder]) {
         if (under !== this.#membersKey) this.#adoptedUnder.delete(k);
