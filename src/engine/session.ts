@@ -38,6 +38,14 @@ export interface LockSession {
   /** Closes the socket at once, without waiting for anything. */
   destroy(): void;
   /**
+   * Calls `listener` for every notification (LISTEN/NOTIFY) the server sends this session, with
+   * the channel, the payload and the notifying backend's pid. Optional: a session without it
+   * receives none (the group's bell is an optimisation, never needed for correctness).
+   *
+   * @param listener Called for each notification.
+   */
+  onNotification?(listener: (channel: string, payload: string, processId: number) => void): void;
+  /**
    * The server's transaction status after the last statement: `"I"` idle, `"T"` in a
    * transaction, `"E"` in a failed transaction; `undefined` when the driver does not say.
    */

@@ -761,17 +761,20 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
    * @param run The run.
    * @param keys The shards.
    * @param ms The bound.
+   * @returns Settles when the work returned or `ms` passed; `undefined` when none of it runs
+   *   (or `ms` is 0), so that the member unlocks in the same tick.
    */
-  async #drain(run: Run, keys: readonly number[], ms: number): Promise<void> {
+  #drain(run: Run, keys: readonly number[], ms: number): Promise<void> | undefined {
     const works = keys.flatMap((k) => run.works.get(k) ?? []);
-    if (works.length === 0 || ms <= 0) return;
-    await settlesWithin(Promise.all(works), ms);
+    if (works.length === 0 || ms <= 0) return undefined;
+    return settlesWithin(Promise.all(works), ms).then(() => {});
   }
 
   #observer(run: () => Run, joined: () => void): MemberObserver & DrainObserver {
     const end = (
       key2: number,
       token: bigint,
+      memberSignal: AbortSignal,
       dispatch: (signal: AbortSignal) => Event,
     ) => {
       const terms = run().terms;
@@ -779,6 +782,9 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       // A term announced while stopping was never shown: its end is not either.
       if (!term || term.term.fencingToken !== token) return;
       terms.delete(key2);
+      // The member calls this right after it aborted its term's signal (#endTerm, the one place
+      // it does): this term's signal follows, with the same reason, before the event.
+      term.controller.abort(memberSignal.reason);
       this.dispatchEvent(dispatch(term.term.signal));
     };
     return {
@@ -786,9 +792,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
         const current = run();
         if (current.stopping) return; // released at once by the stop
         const controller = new AbortController();
-        const onEnd = () => controller.abort(memberSignal.reason);
-        if (memberSignal.aborted) onEnd();
-        else memberSignal.addEventListener("abort", onEnd, { once: true });
+        if (memberSignal.aborted) controller.abort(memberSignal.reason);
         const term: FaceTerm = {
           term: this.#shardTerm(key2, token, controller.signal, current.member),
           controller,
@@ -798,10 +802,20 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
         this.dispatchEvent(new ShardAcquiredEvent(key2, token, controller.signal));
         this.#startWork(current, term);
       },
-      released: (key2, token, _signal, reason: ShardReleaseReason) =>
-        end(key2, token, (signal) => new ShardReleasedEvent(key2, token, signal, reason)),
-      lost: (key2, token, _signal, reason: ShardLostReason, error) =>
-        end(key2, token, (signal) => new ShardLostEvent(key2, token, signal, reason, error)),
+      released: (key2, token, memberSignal, reason: ShardReleaseReason) =>
+        end(
+          key2,
+          token,
+          memberSignal,
+          (signal) => new ShardReleasedEvent(key2, token, signal, reason),
+        ),
+      lost: (key2, token, memberSignal, reason: ShardLostReason, error) =>
+        end(
+          key2,
+          token,
+          memberSignal,
+          (signal) => new ShardLostEvent(key2, token, signal, reason, error),
+        ),
       membership: (members, share) => this.dispatchEvent(new MembershipChangeEvent(members, share)),
       renewed: (shards, deadline) => this.dispatchEvent(new GroupRenewedEvent(shards, deadline)),
       error: (error) => this.dispatchEvent(new GroupErrorEvent(error)),
@@ -838,7 +852,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
  * the member's lease). Never rejects. (`MemberObserver.drain`, optional there.)
  */
 interface DrainObserver {
-  drain(keys: readonly number[], reason: ShardReleaseReason): Promise<void>;
+  drain(keys: readonly number[], reason: ShardReleaseReason): Promise<void> | undefined;
 }
 
 /** Whether `promise` settled within `ms` (it is left running otherwise). */

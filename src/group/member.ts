@@ -69,13 +69,17 @@ import { GroupShardTerm } from "./shard_term.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
 import {
   acquire,
+  bellChannel,
+  type BellPayload,
   join,
   leave,
+  listenStatement,
   type MemberRow,
   type MemberSession,
   type Observation,
   observe,
   release,
+  ring,
   setUp,
 } from "./protocol.ts";
 
@@ -119,9 +123,10 @@ export interface MemberObserver {
   joined(): void;
   /**
    * Terms of `keys` ended on purpose: settles once their work has returned (or the face's drain
-   * bound passed), before their locks are unlocked.
+   * bound passed), before their locks are unlocked; `undefined` when no work of theirs runs
+   * (then they are unlocked in the same tick).
    */
-  drain?(keys: readonly number[], reason: ShardReleaseReason): Promise<void>;
+  drain?(keys: readonly number[], reason: ShardReleaseReason): Promise<void> | undefined;
 }
 
 interface Term {
@@ -184,6 +189,8 @@ const TAKEOVER_TICKS = 2;
 const ACQUIRE_CHUNK = 512;
 /** The smallest chunk tried again when the server's lock table is full. */
 const MIN_ACQUIRE_CHUNK = 16;
+/** A holder with at most this many polled shards has them all tried at every poll (see #poll). */
+const POLL_ALL_UP_TO = 8;
 /** While the lock table is full, more shards are tried every this many ticks. */
 const FULL_RETRY_TICKS = 5;
 /** "out of shared memory": the server's lock table is full. */
@@ -299,8 +306,12 @@ export class GroupMember {
   #fatal: unknown;
   /** The second session, waiting for the next member's lock in the ring. */
   #watcher: RingWatcher | undefined;
-  /** Aborted to start the next tick at once (the watcher saw a member go). */
+  /** Aborted to start the next tick at once (the watcher saw a member go, the bell rang). */
   #wake = new AbortController();
+  /** Aborted when the bell says that another member unlocked shards: the next poll runs now. */
+  #pollNow = new AbortController();
+  /** Whether a failed LISTEN was reported (once per member run). */
+  #bellReported = false;
   /**
    * How many of the next ticks take every free shard at once, a poll period apart (a member just
    * went: its backend may still be releasing its shards when the first one looks).
@@ -533,6 +544,51 @@ export class GroupMember {
       this.#loseAll("session-ended", this.#owner.lastError);
     }, { once: true });
     await this.#join();
+    await this.#listen();
+  }
+
+  /**
+   * Rings the group's bell (protocol.ts, BELL): the others look now instead of at their next
+   * tick or poll. A bell that fails (a full lock table: a notification takes a lock) is no
+   * error: the others see the same a little later.
+   */
+  async #ring(payload: BellPayload): Promise<void> {
+    try {
+      await this.#query((s) => ring(s, this.#config.key1, payload));
+    } catch (error) {
+      if (error instanceof SessionEnded || error instanceof LeaseExpired) throw error;
+    }
+  }
+
+  /**
+   * Listens on the group's bell (protocol.ts, `bellChannel`): another member's JOIN or LEAVE
+   * starts this member's next tick at once, its RELEASE the next handover poll. Without the bell
+   * (a router that refuses LISTEN, a session without notifications) the member sees the same at
+   * its next tick or poll: the failure is reported once and the member goes on.
+   */
+  async #listen(): Promise<void> {
+    const session = this.#session!;
+    const channel = bellChannel(this.#config.key1);
+    session.onNotification?.((from, payload, pid) => {
+      if (from !== channel || this.#session !== session || pid === session.backendPid) return;
+      if (payload === "released") this.#pollNow.abort();
+      else this.#wake.abort();
+    });
+    try {
+      await this.#query((s) => s.query(listenStatement(this.#config.key1)));
+    } catch (error) {
+      if (error instanceof SessionEnded || error instanceof LeaseExpired) throw error;
+      if (this.#bellReported) return;
+      this.#bellReported = true;
+      this.#observer.error(
+        new PgLeaderLockError(
+          `LISTEN on the group's bell failed (${
+            error instanceof Error ? error.message : String(error)
+          }): this member sees joins and leaves at its next tick instead of at once`,
+          { cause: error },
+        ),
+      );
+    }
   }
 
   /** Takes a member lock, under a new id when another session has this one. */
@@ -542,6 +598,7 @@ export class GroupMember {
       if (joined === "read-only") throw readOnlyError(this.#config.target ?? "the server");
       if (joined === "joined") {
         this.#joined = true;
+        await this.#ring("joined");
         return;
       }
       // Another session has this id (perhaps our own previous one, not yet gone).
@@ -584,6 +641,7 @@ export class GroupMember {
               // leave; a taker that looks only after the unlock waits the lease (safe, slower).
               await leave(session, key1, this.#memberId);
               this.#joined = false;
+              await ring(session, key1, "left").catch(() => {});
               await sleep(
                 Math.min(END_TIMEOUT_MS / 2, Math.max(LEAVE_GRACE_MS, 2 * handoverPollMs)),
                 [],
@@ -591,6 +649,9 @@ export class GroupMember {
             }
             if (held.length > 0) await release(session, key1, held);
             if (this.#joined) await leave(session, key1, this.#memberId);
+            // One bell: a member that left released its shards first (in safe mode, after the
+            // bell of its leave: those polling for its shards try them now).
+            await ring(session, key1, this.#joined ? "left" : "released").catch(() => {});
           }),
           END_TIMEOUT_MS,
         );
@@ -823,10 +884,17 @@ export class GroupMember {
       const sweeping = () => clock() < this.#sweepUntil;
       if (sweeping()) pending = [...new Set([...pending, ...others])];
       while (pending.length > 0 && clock() + handoverPollMs < nextTick) {
-        await sleep(handoverPollMs, [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
+        await sleep(handoverPollMs, [
+          this.#stop.signal,
+          this.#sessionLost,
+          this.#wake.signal,
+          this.#pollNow.signal,
+        ]);
         if (this.#stop.signal.aborted) return;
         if (this.#wake.signal.aborted) break;
-        const got = new Set(await this.#acquire(pending));
+        // A bell during this poll makes the next one run at once.
+        if (this.#pollNow.signal.aborted) this.#pollNow = new AbortController();
+        const got = new Set(await this.#poll(pending));
         for (const k of got) {
           this.#pendingSince.delete(k);
           // Swept from a leaving member: kept until its assigned member has seen the change.
@@ -867,6 +935,49 @@ export class GroupMember {
     }
   }
 
+  /** How many handover polls ran (rotates each holder's probe). */
+  #polls = 0;
+
+  /**
+   * One handover poll of `pending` (shards assigned here, or swept, that other sessions held at
+   * the last tick): per holder, a member unlocks the shards it hands over in one statement, so
+   * one try-lock of a probe per holder (a different one each poll) says whether its batch is
+   * free, and only then are the rest of its shards tried. A poll costs a statement of a few
+   * try-locks instead of thousands, twenty times a second while a move waits for its drain
+   * (at 10,000 shards the full polls kept a core of the server busy and slowed the handover
+   * they waited for). A holder's shards freed apart from its probe are taken at the next tick.
+   *
+   * @param pending The shards to poll.
+   * @returns The shards taken.
+   */
+  async #poll(pending: readonly number[]): Promise<number[]> {
+    const byHolder = new Map<number, number[]>();
+    for (const k of pending) {
+      const holder = this.#lastHolderOf.get(k) ?? 0;
+      const list = byHolder.get(holder);
+      if (list) list.push(k);
+      else byHolder.set(holder, [k]);
+    }
+    const round = this.#polls++;
+    const probes: number[] = [];
+    for (const list of byHolder.values()) {
+      if (list.length <= POLL_ALL_UP_TO) probes.push(...list);
+      else probes.push(list[round % list.length]!);
+    }
+    const got = await this.#acquire(probes);
+    if (got.length === 0) return got;
+    const rest: number[] = [];
+    for (const k of got) {
+      const holder = this.#lastHolderOf.get(k) ?? 0;
+      const list = byHolder.get(holder);
+      // A holder's list is tried in full once (all its shards were probes when it had few).
+      if (list === undefined) continue;
+      byHolder.delete(holder);
+      if (list.length > POLL_ALL_UP_TO) rest.push(...list.filter((x) => x !== k));
+    }
+    return rest.length === 0 ? got : [...got, ...(await this.#acquire(rest))];
+  }
+
   /** Shards whose terms ended by release and that still need their unlock. */
   #released: number[] = [];
   /**
@@ -881,11 +992,12 @@ export class GroupMember {
   #startDrain(keys: readonly number[], now: number): void {
     if (keys.length === 0) return;
     const { leaseMs, healthIntervalMs } = this.#config;
-    const done = { settled: this.#observer.drain === undefined };
+    const drained = this.#observer.drain?.(keys, "rebalance");
+    const done = { settled: drained === undefined };
     for (const k of keys) this.#draining.set(k, { until: now + leaseMs - healthIntervalMs, done });
-    if (done.settled) return;
+    if (drained === undefined) return;
     const lost = this.#sessionLost;
-    this.#observer.drain!(keys, "rebalance").catch(() => {}).finally(() => {
+    drained.catch(() => {}).finally(() => {
       done.settled = true;
       // Unlock at once: the next tick starts now (unless the session ended meanwhile).
       if (!lost.aborted) this.#wake.abort();
@@ -1030,6 +1142,7 @@ export class GroupMember {
 
   async #unlock(keys: number[]): Promise<void> {
     const notHeld = await this.#query((s) => release(s, this.#config.key1, keys));
+    await this.#ring("released");
     if (notHeld.length > 0) {
       this.#observer.error(
         new LockError(

@@ -153,6 +153,43 @@ SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) AS left_group
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)`;
 
 /**
+ * Rings the group's bell: `pg_notify` on channel `$1` ({@linkcode bellChannel}) with payload
+ * `$2` (`joined`, `released`, `left`), on the primary only (see RELEASE; a standby cannot
+ * notify). Its own statement, sent after the JOIN, RELEASE or LEAVE it announces, because a
+ * notification takes a lock at commit (PostgreSQL serialises notifying transactions with a lock
+ * on the database), which fails when the server's lock table is full: the bell may fail, the
+ * statements it announces must not.
+ */
+export const BELL = `
+SELECT pg_catalog.pg_notify($1::pg_catalog.text, $2::pg_catalog.text)::pg_catalog.text AS rang
+ WHERE NOT pg_catalog.pg_is_in_recovery()
+   AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)`;
+
+/**
+ * The channel of group key1's bell: `pgleaderlock.<key1>`. Members LISTEN on it (on their own
+ * session, {@linkcode listenStatement}) and ring it ({@linkcode BELL}) after a JOIN, a RELEASE
+ * and a LEAVE. The bell only makes members look sooner: a member that misses it (a router that
+ * does not forward notifications, a LISTEN that failed) sees the same at its next tick.
+ *
+ * @param key1 The group's key1.
+ * @returns The channel name.
+ */
+export function bellChannel(key1: number): string {
+  return `pgleaderlock.${key1 | 0}`;
+}
+
+/**
+ * The LISTEN statement for group key1's bell (LISTEN takes no parameters: the channel is an
+ * identifier, quoted, made of the int32 key1 only).
+ *
+ * @param key1 The group's key1.
+ * @returns The statement.
+ */
+export function listenStatement(key1: number): string {
+  return `LISTEN "${bellChannel(key1)}"`;
+}
+
+/**
  * What anyone with CONNECT can see of group key1 = `$1`: every granted lock of the group with
  * its form (objsubid 1 = member, 2 = shard), key, holder pid and the holder's application_name
  * (visible for other roles' sessions too).
@@ -445,6 +482,24 @@ export async function leave(
 ): Promise<boolean> {
   const [row] = await session.query(LEAVE, [memberKey(key1, memberId)]);
   return row?.left_group === true;
+}
+
+/** What a bell announces. */
+export type BellPayload = "joined" | "released" | "left";
+
+/**
+ * Runs {@linkcode BELL}.
+ *
+ * @param session The session.
+ * @param key1 The group's key1.
+ * @param payload What happened.
+ */
+export async function ring(
+  session: LockSession,
+  key1: number,
+  payload: BellPayload,
+): Promise<void> {
+  await session.query(BELL, [bellChannel(key1), payload]);
 }
 
 /** One member of a group as {@linkcode inspect} sees it. */

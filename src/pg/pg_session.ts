@@ -101,6 +101,22 @@ export class PgSession implements LockSession {
     return (this.#client as unknown as { processID: number | null }).processID ?? 0;
   }
 
+  /** See {@linkcode LockSession.onNotification}. */
+  onNotification(listener: (channel: string, payload: string, processId: number) => void): void {
+    // npm:pg emits 'notification' (a custom client that does not simply never calls it).
+    (this.#client.on as unknown as (
+      event: "notification",
+      listener: (message: { channel?: unknown; payload?: unknown; processId?: unknown }) => void,
+    ) => unknown).call(this.#client, "notification", (message) => {
+      if (this.#ended || typeof message?.channel !== "string") return;
+      listener(
+        message.channel,
+        typeof message.payload === "string" ? message.payload : "",
+        typeof message.processId === "number" ? message.processId : 0,
+      );
+    });
+  }
+
   /** See {@linkcode LockSession.transactionStatus}. */
   transactionStatus(): "I" | "T" | "E" | undefined {
     const status = this.#client.getTransactionStatus?.();
