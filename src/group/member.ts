@@ -742,7 +742,11 @@ export class GroupMember {
       if (this.#wake.signal.aborted) this.#wake = new AbortController();
       const takeover = this.#takeover > 0;
       if (takeover) this.#takeover--;
-      if (this.#gone !== undefined) await this.#takeGone();
+      if (this.#gone !== undefined) {
+        await this.#takeGone();
+        // The others learn now that a member went (it may have rung no bell: a SIGKILL).
+        await this.#ring("gone");
+      }
       const sentAt = clock();
       const seen = await this.#query((s) =>
         observe(s, key1, this.#facts!.databaseOid, this.#shardSet)
@@ -873,7 +877,18 @@ export class GroupMember {
       for (const k of target) {
         if (others.has(k) && !this.#pendingSince.has(k)) this.#pendingSince.set(k, now);
       }
-      let nextTick = sentAt + (this.#takeover > 0 ? handoverPollMs : healthIntervalMs);
+      // Free at the read, taken by another session before this member's try (a member woken
+      // by its watcher takes a gone member's shards at once): polled for as well, not left
+      // to the next tick.
+      if (got.length < wanted.length) {
+        const gotSet = new Set(got);
+        for (const k of wanted) {
+          if (!gotSet.has(k) && !this.#pendingSince.has(k)) this.#pendingSince.set(k, now);
+        }
+      }
+      // After a takeover tick the next comes a poll period later too: the last one (the third)
+      // hands the shards taken for others back, once the bell made them look.
+      let nextTick = sentAt + (this.#takeover > 0 || takeover ? handoverPollMs : healthIntervalMs);
       // A shard waiting out its previous holder's lease is announced by the tick after its time.
       for (const { announceAt } of this.#outwaiting.values()) {
         nextTick = Math.min(nextTick, Math.max(announceAt, clock()));
@@ -1288,8 +1303,10 @@ export class GroupMember {
    * session's end, so a shard freed while its holder's session lives was unlocked on purpose,
    * after its term ended. A holder without a member lock is a member leaving (it ends its terms
    * before its leave, and unlocks its shards after) or a session that is no member (no term).
-   * Conservative: when any holder session is gone, none of the grant's shards count as handed
-   * over (the tick's view tells holder pids, not which shard each held).
+   * Conservative on purpose: when any member session that held shards is gone, none of the
+   * grant's shards count as handed over, not even those whose own holder lives: between the
+   * last tick and the grant the shard may have passed through the member that went (a watcher's
+   * takeover takes a shard the moment it is freed), which may still believe it leads.
    */
   async #handedOver(keys: readonly number[]): Promise<Set<number>> {
     const seenHeld = keys.filter((k) => this.#lastOthers.has(k));
@@ -1313,6 +1330,19 @@ export class GroupMember {
       if (!mine.has(key2)) this.#outwaiting.delete(key2);
       else if (now >= announceAt) {
         this.#outwaiting.delete(key2);
+        // Kept for a while after it is first led, whatever the assignment says now: a shard
+        // adopted or taken for others had used its hold up waiting out the lease, and one whose
+        // assignment changed meanwhile (views that disagree: forged member locks) would go at
+        // once; handed to a member whose view has not caught up (it does not take it), it
+        // waited out another lease in whoever adopted it next, and went round unled for
+        // several leases (an adversarial run: 4-8 s with a 1 s lease).
+        this.#adoptedUntil.set(
+          key2,
+          Math.max(this.#adoptedUntil.get(key2) ?? 0, this.#tick + ADOPTED_HOLD_TICKS),
+        );
+        this.#earlyBack.delete(key2);
+        const rescued = this.#rescued.get(key2);
+        if (rescued) rescued.until = Math.max(rescued.until, this.#tick + RESCUE_HOLD_TICKS);
         this.#announce(key2, token);
       }
     }

@@ -154,7 +154,7 @@ SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) AS left_group
 
 /**
  * Rings the group's bell: `pg_notify` on channel `$1` ({@linkcode bellChannel}) with payload
- * `$2` (`joined`, `released`, `left`), on the primary only (see RELEASE; a standby cannot
+ * `$2` (`joined`, `released`, `left`, `gone`: a member's watcher saw another go), on the primary only (see RELEASE; a standby cannot
  * notify). Its own statement, sent after the JOIN, RELEASE or LEAVE it announces, because a
  * notification takes a lock at commit (PostgreSQL serialises notifying transactions with a lock
  * on the database), which fails when the server's lock table is full: the bell may fail, the
@@ -485,7 +485,7 @@ export async function leave(
 }
 
 /** What a bell announces. */
-export type BellPayload = "joined" | "released" | "left";
+export type BellPayload = "joined" | "released" | "left" | "gone";
 
 /**
  * Runs {@linkcode BELL}.
