@@ -313,3 +313,50 @@ Deno.test({
     await Promise.all(groups.map((g) => g.shutdown()));
   }
 });
+
+Deno.test({
+  name:
+    "With takeover 'safe', forged member locks leave no shard unled for longer than one lease wait and a handover",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  // Found by an adversarial run: 20 forged member ids of one session make the members' views
+  // of the membership disagree for a while; a shard adopted (waiting out a lease, as safe mode
+  // does for a shard nobody handed over) was handed straight on when first led, to a member
+  // that did not take it yet, and went round unled for 4-8 s with a 1 s lease.
+  await using pg = await startPostgres();
+  const key1 = 9393;
+  const shards = 8;
+  const healthIntervalMs = 200;
+  const leaseMs = 1000;
+  const make = () =>
+    new LeaderGroup({ dsn: pg.dsn, key1, shards, healthIntervalMs, leaseMs, takeover: "safe" });
+  const groups = [make(), make(), make()];
+  const forged = Array.from({ length: 20 }, (_, i) => `pg_advisory_lock(${memberKey(key1, i)})`);
+  try {
+    await Promise.all(groups.map((g) => g.start()));
+    await until(() => groups.reduce((n, g) => n + g.leading.size, 0) === shards, 5000, "led");
+    await using _forged = await strayLock(pg.dsn, `SELECT ${forged.join(", ")}`);
+    const late = make();
+    groups.push(late);
+    await late.start();
+    const unledSince = new Map<number, number>();
+    let longest = 0;
+    for (const end = performance.now() + 6000; performance.now() < end;) {
+      const led = new Set(groups.flatMap((g) => [...g.leading]));
+      const now = performance.now();
+      for (let key2 = 0; key2 < shards; key2++) {
+        if (led.has(key2)) unledSince.delete(key2);
+        else if (!unledSince.has(key2)) unledSince.set(key2, now);
+        else longest = Math.max(longest, now - unledSince.get(key2)!);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    // Adoption ((A + 4) H with the coverage rules' evidence), one lease waited out, and the
+    // handover after it, with room for a loaded machine: 2 leases + 6 H.
+    const bound = 2 * leaseMs + 6 * healthIntervalMs;
+    assert.ok(longest < bound, `a shard was unled for ${Math.round(longest)} ms (bound ${bound})`);
+  } finally {
+    await Promise.all(groups.map((g) => g.shutdown()));
+  }
+});
