@@ -123,3 +123,48 @@ Deno.test({
   assert.deepEqual(errors, []);
   await group.shutdown();
 });
+
+Deno.test({
+  name:
+    "A member that joins or leaves rings the group's bell: the others move shards at once, not at their next health interval",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  await using pg = await startPostgres();
+  const key1 = 6161;
+  const shards = 16;
+  // A health interval far longer than a handover: without the bell the first member would see
+  // the second at its next tick, 4 s after the one it just ran.
+  const options = { dsn: pg.dsn, key1, shards, healthIntervalMs: 4000, leaseMs: 12_000 };
+  const first = new LeaderGroup(options);
+  const second = new LeaderGroup(options);
+  try {
+    await first.start();
+    await until(() => first.leading.size === shards, 5000, "the first member leads every shard");
+    // Just after a tick of the first member.
+    await new Promise<void>((resolve) =>
+      first.addEventListener("renewed", () => resolve(), { once: true })
+    );
+    const joinedAt = performance.now();
+    await second.start();
+    await until(
+      () => first.leading.size === shards / 2 && second.leading.size === shards / 2,
+      3000,
+      "balanced over both members well before the first member's next tick",
+    );
+    const joinMs = performance.now() - joinedAt;
+    assert.ok(joinMs < 2000, `balanced ${Math.round(joinMs)} ms after the join`);
+
+    // A graceful leave: the first member takes the shards back at once as well (it is also
+    // woken by its watcher; the bell is what the others hear).
+    await new Promise<void>((resolve) =>
+      first.addEventListener("renewed", () => resolve(), { once: true })
+    );
+    const leftAt = performance.now();
+    await second.shutdown();
+    await until(() => first.leading.size === shards, 3000, "every shard led again");
+    assert.ok(performance.now() - leftAt < 2000);
+  } finally {
+    await Promise.all([first.shutdown(), second.shutdown()]);
+  }
+});
