@@ -70,7 +70,7 @@ import { RingWatcher, watcherSettings } from "./watcher.ts";
 import {
   acquire,
   bellChannel,
-  type BellPayload,
+  type BellKind,
   join,
   leave,
   listenStatement,
@@ -78,6 +78,7 @@ import {
   type MemberSession,
   type Observation,
   observe,
+  parseBell,
   release,
   ring,
   setUp,
@@ -189,6 +190,8 @@ const TAKEOVER_TICKS = 2;
 const ACQUIRE_CHUNK = 512;
 /** The smallest chunk tried again when the server's lock table is full. */
 const MIN_ACQUIRE_CHUNK = 16;
+/** The least time between two handover polls when bells ask for them. */
+const POLL_MIN_GAP_MS = 10;
 /** A holder with at most this many polled shards has them all tried at every poll (see #poll). */
 const POLL_ALL_UP_TO = 8;
 /** While the lock table is full, more shards are tried every this many ticks. */
@@ -225,6 +228,15 @@ export class GroupMember {
   readonly #outwaiting = new Map<number, { token: bigint; announceAt: number }>();
   /** The last tick's view: shards other sessions held, and the member pids that held shards. */
   #lastOthers: ReadonlySet<number> = new Set();
+  /**
+   * `takeover: "safe"`: {@linkcode #lastOthers} and {@linkcode #lastHolders} of the tick before
+   * the last: a tick that a bell started right after a handover's unlock sees the shard free,
+   * and the tick before saw it held.
+   */
+  #prevOthers: ReadonlySet<number> = new Set();
+  #prevHolders: readonly number[] = [];
+  /** The last tick's view: sessions that held shards without a member lock (leaving members). */
+  #lastLeavers: ReadonlySet<number> = new Set();
   #lastHolders: readonly number[] = [];
   /** The last tick's view: key2 -> the pid of the other session that held it. */
   #lastHolderOf: ReadonlyMap<number, number> = new Map();
@@ -312,6 +324,35 @@ export class GroupMember {
   #pollNow = new AbortController();
   /** Whether a failed LISTEN was reported (once per member run). */
   #bellReported = false;
+  /** When the last tick began (the member's clock). */
+  #tickStartedAt = -Infinity;
+  /** A bell's wake deferred by {@linkcode #bellGapMs}. */
+  #bellTimer: ReturnType<typeof setTimeout> | undefined;
+
+  /** The least time between the start of a tick and a tick a bell starts. */
+  get #bellGapMs(): number {
+    return Math.max(this.#config.handoverPollMs, this.#config.healthIntervalMs / 4);
+  }
+
+  /**
+   * Starts the next tick in `delayMs`, or once {@linkcode #bellGapMs} passed since the last
+   * began if that is later.
+   *
+   * @param delayMs The least wait.
+   */
+  #bellWake(delayMs = 0): void {
+    if (this.#bellTimer !== undefined) return;
+    const now = this.#config.clock();
+    const wait = Math.max(delayMs, this.#tickStartedAt + this.#bellGapMs - now);
+    if (wait <= 0) {
+      this.#wake.abort();
+      return;
+    }
+    this.#bellTimer = setTimeout(() => {
+      this.#bellTimer = undefined;
+      this.#wake.abort();
+    }, wait);
+  }
   /**
    * How many of the next ticks take every free shard at once, a poll period apart (a member just
    * went: its backend may still be releasing its shards when the first one looks).
@@ -441,12 +482,7 @@ export class GroupMember {
       key1: this.#config.key1,
       connect: this.#config.connect,
       settings: watcherSettings(this.#config.settings),
-      gone: (memberId) => {
-        this.#gone = memberId;
-        this.#takeover = TAKEOVER_TICKS;
-        if (this.#config.takeover === "safe") this.#sweepUntil = this.#config.clock() + SWEEP_MS;
-        this.#wake.abort();
-      },
+      gone: (memberId) => this.#takeOver(memberId),
       error: (error) => {
         // While the member's own session works: a watcher that dies is opened again.
         if (this.#joined) {
@@ -517,6 +553,8 @@ export class GroupMember {
     } finally {
       // The shards and the membership first: the watcher of the member before this one is
       // granted its member lock at the leave and wakes its member.
+      clearTimeout(this.#bellTimer);
+      this.#bellTimer = undefined;
       await this.#leaveAndClose();
       await this.#watcher.close();
     }
@@ -548,31 +586,75 @@ export class GroupMember {
   }
 
   /**
+   * The next member in the ring went (its watcher was granted its member lock, or its leave's
+   * bell rang): the next tick starts now and takes its shards over.
+   *
+   * @param memberId The member that went.
+   */
+  #takeOver(memberId: number): void {
+    this.#gone = memberId;
+    this.#takeover = TAKEOVER_TICKS;
+    if (this.#config.takeover === "safe") this.#sweepUntil = this.#config.clock() + SWEEP_MS;
+    this.#wake.abort();
+  }
+
+  /**
    * Rings the group's bell (protocol.ts, BELL): the others look now instead of at their next
    * tick or poll. A bell that fails (a full lock table: a notification takes a lock) is no
    * error: the others see the same a little later.
    */
-  async #ring(payload: BellPayload): Promise<void> {
+  async #ring(kind: BellKind, memberId?: number): Promise<void> {
     try {
-      await this.#query((s) => ring(s, this.#config.key1, payload));
+      await this.#query((s) => ring(s, this.#config.key1, kind, memberId));
     } catch (error) {
       if (error instanceof SessionEnded || error instanceof LeaseExpired) throw error;
     }
   }
 
   /**
-   * Listens on the group's bell (protocol.ts, `bellChannel`): another member's JOIN or LEAVE
-   * starts this member's next tick at once, its RELEASE the next handover poll. Without the bell
-   * (a router that refuses LISTEN, a session without notifications) the member sees the same at
-   * its next tick or poll: the failure is reported once and the member goes on.
+   * Listens on the group's bell (protocol.ts, `bellChannel`): another member's join, leave or
+   * end (seen by a watcher) starts this member's next tick at once, and moves its watcher to the
+   * new neighbour in the ring before that tick reads pg_locks (a new session to open: a death
+   * right after a join is seen that much sooner); a RELEASE starts the next handover poll.
+   * Anyone with CONNECT can notify on the channel, so a bell is a hint: it starts a tick no
+   * sooner than {@linkcode #bellGapMs} after the last one began, a poll no sooner than
+   * {@linkcode POLL_MIN_GAP_MS} after the last, and the tick corrects the watcher. Without the
+   * bell (a router that refuses LISTEN, a session without notifications) the member sees the
+   * same at its next tick or poll: the failure is reported once and the member goes on.
    */
   async #listen(): Promise<void> {
     const session = this.#session!;
     const channel = bellChannel(this.#config.key1);
     session.onNotification?.((from, payload, pid) => {
       if (from !== channel || this.#session !== session || pid === session.backendPid) return;
-      if (payload === "released") this.#pollNow.abort();
-      else this.#wake.abort();
+      const bell = parseBell(payload);
+      if (bell === undefined) return;
+      if (bell.kind === "released") {
+        this.#pollNow.abort();
+        return;
+      }
+      const members = this.#assignment?.members;
+      let delayMs = 0;
+      if (members && bell.memberId !== undefined && bell.memberId !== this.#memberId) {
+        const watched = nextInRing(members, this.#memberId);
+        const ring = bell.kind === "joined"
+          ? [...new Set([...members, bell.memberId])].sort((a, b) => a - b)
+          : members.filter((m) => m !== bell.memberId);
+        if (bell.kind === "left" && bell.memberId === watched && !this.#stop.signal.aborted) {
+          // The member this one watches left: take its shards now, as the watcher would.
+          this.#takeOver(bell.memberId);
+        } else if (bell.kind === "left") {
+          // Another member watches it and takes its shards at once: look a little later, so
+          // that every member's read of pg_locks does not slow that take down.
+          delayMs = 2 * this.#config.handoverPollMs;
+        }
+        this.#watcher?.watch(nextInRing(ring, this.#memberId));
+      }
+      // Safe mode: a tick that reads pg_locks just after a leaving member's unlock sees its
+      // shards free, not handed over, and would wait a lease for them; the members polling for
+      // them take them as handed over at the `released` bell instead. Only joins start ticks.
+      if (this.#config.takeover === "safe" && bell.kind !== "joined") return;
+      this.#bellWake(delayMs);
     });
     try {
       await this.#query((s) => s.query(listenStatement(this.#config.key1)));
@@ -598,7 +680,7 @@ export class GroupMember {
       if (joined === "read-only") throw readOnlyError(this.#config.target ?? "the server");
       if (joined === "joined") {
         this.#joined = true;
-        await this.#ring("joined");
+        await this.#ring("joined", this.#memberId);
         return;
       }
       // Another session has this id (perhaps our own previous one, not yet gone).
@@ -641,7 +723,7 @@ export class GroupMember {
               // leave; a taker that looks only after the unlock waits the lease (safe, slower).
               await leave(session, key1, this.#memberId);
               this.#joined = false;
-              await ring(session, key1, "left").catch(() => {});
+              await ring(session, key1, "left", this.#memberId).catch(() => {});
               await sleep(
                 Math.min(END_TIMEOUT_MS / 2, Math.max(LEAVE_GRACE_MS, 2 * handoverPollMs)),
                 [],
@@ -651,7 +733,12 @@ export class GroupMember {
             if (this.#joined) await leave(session, key1, this.#memberId);
             // One bell: a member that left released its shards first (in safe mode, after the
             // bell of its leave: those polling for its shards try them now).
-            await ring(session, key1, this.#joined ? "left" : "released").catch(() => {});
+            await ring(
+              session,
+              key1,
+              this.#joined ? "left" : "released",
+              this.#joined ? this.#memberId : undefined,
+            ).catch(() => {});
           }),
           END_TIMEOUT_MS,
         );
@@ -743,10 +830,12 @@ export class GroupMember {
       const takeover = this.#takeover > 0;
       if (takeover) this.#takeover--;
       if (this.#gone !== undefined) {
+        const gone = this.#gone;
         await this.#takeGone();
         // The others learn now that a member went (it may have rung no bell: a SIGKILL).
-        await this.#ring("gone");
+        await this.#ring("gone", gone);
       }
+      this.#tickStartedAt = clock();
       const sentAt = clock();
       const seen = await this.#query((s) =>
         observe(s, key1, this.#facts!.databaseOid, this.#shardSet)
@@ -767,7 +856,12 @@ export class GroupMember {
       this.#announceDue(mine);
       const others = new Set(seen.others);
       const memberPids = new Set(seen.members.map((m) => m.pid));
+      this.#prevOthers = this.#lastOthers;
+      this.#prevHolders = this.#lastHolders;
       this.#lastOthers = others;
+      this.#lastLeavers = new Set(
+        [...seen.holders].filter((pid) => pid !== seen.backendPid && !memberPids.has(pid)),
+      );
       this.#lastHolderOf = seen.holderOf;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
       this.#lastHolders = [...seen.holders].filter((pid) =>
@@ -887,8 +981,11 @@ export class GroupMember {
         }
       }
       // After a takeover tick the next comes a poll period later too: the last one (the third)
-      // hands the shards taken for others back, once the bell made them look.
-      let nextTick = sentAt + (this.#takeover > 0 || takeover ? handoverPollMs : healthIntervalMs);
+      // hands the shards taken for others back, once the bell made them look. Not in safe mode,
+      // where a move that others' views have not caught up with can cost a lease: the shards
+      // taken for others are handed over a health interval later, as without a bell.
+      const quickBack = takeover && this.#config.takeover !== "safe";
+      let nextTick = sentAt + (this.#takeover > 0 || quickBack ? handoverPollMs : healthIntervalMs);
       // A shard waiting out its previous holder's lease is announced by the tick after its time.
       for (const { announceAt } of this.#outwaiting.values()) {
         nextTick = Math.min(nextTick, Math.max(announceAt, clock()));
@@ -898,6 +995,7 @@ export class GroupMember {
         .map(([k]) => k);
       const sweeping = () => clock() < this.#sweepUntil;
       if (sweeping()) pending = [...new Set([...pending, ...others])];
+      let lastPollAt = -Infinity;
       while (pending.length > 0 && clock() + handoverPollMs < nextTick) {
         await sleep(handoverPollMs, [
           this.#stop.signal,
@@ -907,8 +1005,16 @@ export class GroupMember {
         ]);
         if (this.#stop.signal.aborted) return;
         if (this.#wake.signal.aborted) break;
-        // A bell during this poll makes the next one run at once.
-        if (this.#pollNow.signal.aborted) this.#pollNow = new AbortController();
+        // A bell during this poll makes the next one run at once, but never sooner than
+        // POLL_MIN_GAP_MS after the last (a flood of bells is not a flood of polls).
+        if (this.#pollNow.signal.aborted) {
+          this.#pollNow = new AbortController();
+          const gap = lastPollAt + POLL_MIN_GAP_MS - clock();
+          if (gap > 0) await sleep(gap, [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
+          if (this.#stop.signal.aborted) return;
+          if (this.#wake.signal.aborted) break;
+        }
+        lastPollAt = clock();
         const got = new Set(await this.#poll(pending));
         for (const k of got) {
           this.#pendingSince.delete(k);
@@ -1298,8 +1404,8 @@ export class GroupMember {
 
   /**
    * `takeover: "safe"`: which of `keys`, just granted, were handed over: seen held by another
-   * session at the last tick, and every member session that held shards then still holds its
-   * member lock now, after the grant. A session-level lock is freed only by an unlock or the
+   * session at one of the last two ticks, and every member session that held shards then still
+   * holds its member lock now, after the grant. A session-level lock is freed only by an unlock or the
    * session's end, so a shard freed while its holder's session lives was unlocked on purpose,
    * after its term ended. A holder without a member lock is a member leaving (it ends its terms
    * before its leave, and unlocks its shards after) or a session that is no member (no term).
@@ -1309,7 +1415,7 @@ export class GroupMember {
    * takeover takes a shard the moment it is freed), which may still believe it leads.
    */
   async #handedOver(keys: readonly number[]): Promise<Set<number>> {
-    const seenHeld = keys.filter((k) => this.#lastOthers.has(k));
+    const seenHeld = keys.filter((k) => this.#lastOthers.has(k) || this.#prevOthers.has(k));
     if (seenHeld.length === 0) return new Set();
     const sentAt = this.#config.clock();
     const now = await this.#query((s) =>
@@ -1317,7 +1423,11 @@ export class GroupMember {
     );
     this.#lease.renew(sentAt);
     const alive = new Set(now.members.map((m) => m.pid));
-    return this.#lastHolders.every((pid) => alive.has(pid)) ? new Set(seenHeld) : new Set();
+    // A member that held shards at the tick before the last and held them without its member
+    // lock at the last was leaving (it leaves first, unlocks after): its unlock is on purpose.
+    const fine = this.#lastHolders.every((pid) => alive.has(pid)) &&
+      this.#prevHolders.every((pid) => alive.has(pid) || this.#lastLeavers.has(pid));
+    return fine ? new Set(seenHeld) : new Set();
   }
 
   /**

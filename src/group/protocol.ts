@@ -154,7 +154,8 @@ SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) AS left_group
 
 /**
  * Rings the group's bell: `pg_notify` on channel `$1` ({@linkcode bellChannel}) with payload
- * `$2` (`joined`, `released`, `left`, `gone`: a member's watcher saw another go), on the primary only (see RELEASE; a standby cannot
+ * `$2` ({@linkcode parseBell}: `joined:<id>`, `released`, `left:<id>`, `gone:<id>` when a member's
+ * watcher saw member id go), on the primary only (see RELEASE; a standby cannot
  * notify). Its own statement, sent after the JOIN, RELEASE or LEAVE it announces, because a
  * notification takes a lock at commit (PostgreSQL serialises notifying transactions with a lock
  * on the database), which fails when the server's lock table is full: the bell may fail, the
@@ -485,20 +486,49 @@ export async function leave(
 }
 
 /** What a bell announces. */
-export type BellPayload = "joined" | "released" | "left" | "gone";
+export type BellKind = "joined" | "released" | "left" | "gone";
+
+/** A bell as received: what happened and, for a membership change, to which member id. */
+export interface Bell {
+  /** What happened. */
+  readonly kind: BellKind;
+  /** The member that joined, left or went (`joined`, `left`, `gone`). */
+  readonly memberId?: number;
+}
+
+const BELL_KINDS: ReadonlySet<string> = new Set(["joined", "released", "left", "gone"]);
+
+/**
+ * Reads a bell's payload (`kind` or `kind:memberId`); `undefined` for anything else (anyone
+ * with CONNECT can notify on the channel: a payload is a hint, never trusted beyond that).
+ *
+ * @param payload The notification's payload.
+ * @returns The bell, or `undefined`.
+ */
+export function parseBell(payload: string): Bell | undefined {
+  const [kind, id, ...rest] = payload.split(":");
+  if (kind === undefined || !BELL_KINDS.has(kind) || rest.length > 0) return undefined;
+  if (id === undefined) return { kind: kind as BellKind };
+  const memberId = /^[0-9]{1,10}$/.test(id) ? Number(id) : NaN;
+  if (!(memberId <= 0xffffffff)) return undefined;
+  return { kind: kind as BellKind, memberId };
+}
 
 /**
  * Runs {@linkcode BELL}.
  *
  * @param session The session.
  * @param key1 The group's key1.
- * @param payload What happened.
+ * @param kind What happened.
+ * @param memberId The member that joined, left or went.
  */
 export async function ring(
   session: LockSession,
   key1: number,
-  payload: BellPayload,
+  kind: BellKind,
+  memberId?: number,
 ): Promise<void> {
+  const payload = memberId === undefined ? kind : `${kind}:${memberId >>> 0}`;
   await session.query(BELL, [bellChannel(key1), payload]);
 }
 

@@ -10,8 +10,10 @@
  * its next tick. The wait runs in `lock_timeout` windows (SQLSTATE 55P03 ends one, the next
  * follows), never under a client-side timeout: a client that stopped waiting while the server
  * went on could be granted a lock it does not know it holds. When the ring changes, the session
- * is closed and a new one waits for the new neighbour; a watcher session that dies is re-created
- * (paced); the member keeps working meanwhile at its tick's pace.
+ * is closed and a new one waits for the new neighbour (a second after a member joined between
+ * them: meanwhile the old neighbour stays watched, while the new member opens its watcher); a
+ * watcher session that dies is re-created (paced); the member keeps working meanwhile at its
+ * tick's pace.
  *
  * @module
  */
@@ -31,6 +33,8 @@ SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) AS unlocked
 const LOCK_TIMEOUT = "55P03";
 /** How long one wait window lasts: one statement per window while nothing happens. */
 export const WATCH_WINDOW_MS = 60_000;
+/** How long a watcher keeps waiting for its neighbour after a member joined between them. */
+export const SWITCH_GRACE_MS = 1000;
 /** How often a waiting watcher backend checks that its client is still there. */
 const CONNECTION_CHECK_MS = 200;
 /** The pause before a watcher session that failed is opened again, doubling up to the max. */
@@ -82,6 +86,11 @@ export class RingWatcher {
   #target: number | undefined;
   /** Aborted when the target changes, to end the wait for the previous one. */
   #changed = new AbortController();
+  /** The member the wait is for while its statement runs. */
+  #waitingOn: number | undefined;
+  /** A switch to {@linkcode #next} that waits for its grace. */
+  #switchTimer: ReturnType<typeof setTimeout> | undefined;
+  #next: number | undefined;
   #session: LockSession | undefined;
   #running: Promise<void> | undefined;
   #sessions = 0;
@@ -111,6 +120,36 @@ export class RingWatcher {
    * @param memberId The member to watch.
    */
   watch(memberId: number | undefined): void {
+    if (this.#stop.signal.aborted) return;
+    if (memberId === this.#target) {
+      this.#cancelSwitch();
+      return;
+    }
+    if (this.#switchTimer !== undefined && memberId === this.#next) return;
+    // Make before break: while the wait for the current neighbour runs, the switch to a new one
+    // (a member joined between them) waits SWITCH_GRACE_MS, the time the new member needs to
+    // have its own watcher wait for the old neighbour. Until then an end of the old neighbour
+    // is still seen here at once; switching at once left it unwatched for as long as opening
+    // the new member's watcher session took (hundreds of ms under load).
+    if (
+      memberId !== undefined && this.#waitingOn !== undefined && this.#waitingOn === this.#target
+    ) {
+      this.#cancelSwitch();
+      this.#next = memberId;
+      this.#switchTimer = setTimeout(() => this.#apply(this.#next), SWITCH_GRACE_MS);
+      return;
+    }
+    this.#apply(memberId);
+  }
+
+  #cancelSwitch(): void {
+    clearTimeout(this.#switchTimer);
+    this.#switchTimer = undefined;
+    this.#next = undefined;
+  }
+
+  #apply(memberId: number | undefined): void {
+    this.#cancelSwitch();
     if (this.#stop.signal.aborted || memberId === this.#target) return;
     this.#target = memberId;
     const previous = this.#changed;
@@ -125,6 +164,7 @@ export class RingWatcher {
    * @returns Settles once closed.
    */
   async close(): Promise<void> {
+    this.#cancelSwitch();
     this.#stop.abort();
     this.#changed.abort();
     this.#session?.destroy();
@@ -134,8 +174,8 @@ export class RingWatcher {
   async #run(): Promise<void> {
     let failures = 0;
     while (!this.#stop.signal.aborted) {
-      const target = this.#target;
-      const changed = this.#changed.signal;
+      let target = this.#target;
+      let changed = this.#changed.signal;
       if (target === undefined) {
         await sleep(2 ** 31 - 1, [this.#stop.signal, changed]);
         continue;
@@ -147,12 +187,24 @@ export class RingWatcher {
         this.#session = session;
         // A new neighbour (or a stop) ends the wait by closing the session: a wait in the lock
         // queue cannot be cancelled from the client any other way without a second statement.
+        // The neighbour as it is now: the ring may have moved on while the session was opening
+        // (a listener added to a signal already aborted never runs, and the wait went on for
+        // the old neighbour until its window ended: its member's real neighbour was killed
+        // meanwhile and failed over at the next tick instead of at once).
+        target = this.#target;
+        changed = this.#changed.signal;
+        if (target === undefined) continue;
         const onChange = () => session?.destroy();
         changed.addEventListener("abort", onChange, { once: true });
         try {
           for (;;) {
             try {
-              await session.query(WATCH, [memberKey(this.#config.key1, target)]);
+              this.#waitingOn = target;
+              try {
+                await session.query(WATCH, [memberKey(this.#config.key1, target)]);
+              } finally {
+                this.#waitingOn = undefined;
+              }
               failures = 0;
             } catch (error) {
               if (!session.isEnded && sqlState(error) === LOCK_TIMEOUT) {
@@ -161,7 +213,9 @@ export class RingWatcher {
               }
               throw error;
             }
-            if (!changed.aborted) {
+            // Granted: the member went. Reported unless the ring moved on meanwhile (a target
+            // that changed and came back is still the one this wait was for).
+            if (!changed.aborted || this.#target === target) {
               this.#target = undefined;
               this.#config.gone(target);
             }

@@ -121,12 +121,19 @@ Deno.test({
     await t.step(
       "a member whose watcher session dies keeps its shards and re-creates it",
       async () => {
-        const before = (await watchers()).find((w) => w.name === "c3:watcher")!;
-        const view = await viewGroup(pg, key1, N);
-        assert.equal(await pg.terminateBackend(before.pid), true);
+        // A watcher that just moved to a new neighbour may be between two sessions: wait for one.
+        let before: { name: string; pid: number } | undefined;
         await until(
           async () =>
-            (await watchers()).some((w) => w.name === "c3:watcher" && w.pid !== before.pid),
+            (before = (await watchers()).find((w) => w.name === "c3:watcher")) !== undefined,
+          10_000,
+          "c3's watcher session",
+        );
+        const view = await viewGroup(pg, key1, N);
+        assert.equal(await pg.terminateBackend(before!.pid), true);
+        await until(
+          async () =>
+            (await watchers()).some((w) => w.name === "c3:watcher" && w.pid !== before!.pid),
           10_000,
           "c3's new watcher session",
         );
