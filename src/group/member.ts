@@ -48,6 +48,12 @@
  *    after the settle. A leaving member leaves first and unlocks a moment later, so the others
  *    (swept awake by their watchers) see its shards freed by a live session.
  *
+ * 8. The bell (protocol.ts, BELL): the member LISTENs on `pgleaderlock.<key1>` and rings it after
+ *    its JOIN, RELEASE and LEAVE, and after taking a gone member's shards. Another's join, leave
+ *    or end starts its next tick (no sooner than max(P, H / 4) after the last: anyone can notify)
+ *    and moves its watcher at once; a release starts its next poll. Missing a bell only makes a
+ *    member look at its next tick or poll.
+ *
  * The member session never waits in PostgreSQL's lock queue, so none of its statements needs a
  * client-side timeout on a lock wait; each is bounded by the lease (the session is closed when it
  * passes). Only the watcher session waits, in `lock_timeout` windows.
@@ -237,6 +243,8 @@ export class GroupMember {
   #prevHolders: readonly number[] = [];
   /** The last tick's view: sessions that held shards without a member lock (leaving members). */
   #lastLeavers: ReadonlySet<number> = new Set();
+  /** Backend pids that rang a `left` bell, and when (the member's clock; kept two leases). */
+  readonly #leftPids = new Map<number, number>();
   #lastHolders: readonly number[] = [];
   /** The last tick's view: key2 -> the pid of the other session that held it. */
   #lastHolderOf: ReadonlyMap<number, number> = new Map();
@@ -629,6 +637,9 @@ export class GroupMember {
       if (from !== channel || this.#session !== session || pid === session.backendPid) return;
       const bell = parseBell(payload);
       if (bell === undefined) return;
+      // The notifying backend's pid is the server's, not the payload's: a session that rang
+      // `left` gave its member lock up on purpose (safe mode's #handedOver).
+      if (bell.kind === "left") this.#leftPids.set(pid, this.#config.clock());
       if (bell.kind === "released") {
         this.#pollNow.abort();
         return;
@@ -1423,10 +1434,17 @@ export class GroupMember {
     );
     this.#lease.renew(sentAt);
     const alive = new Set(now.members.map((m) => m.pid));
+    const clock = this.#config.clock();
+    for (const [pid, at] of [...this.#leftPids]) {
+      if (clock - at > 2 * this.#config.leaseMs) this.#leftPids.delete(pid);
+    }
     // A member that held shards at the tick before the last and held them without its member
     // lock at the last was leaving (it leaves first, unlocks after): its unlock is on purpose.
-    const fine = this.#lastHolders.every((pid) => alive.has(pid)) &&
-      this.#prevHolders.every((pid) => alive.has(pid) || this.#lastLeavers.has(pid));
+    // So is one whose session rang `left` (the server names the notifying backend): it ended
+    // its terms before its leave, even if this member's last tick still saw it a member.
+    const left = (pid: number) => this.#lastLeavers.has(pid) || this.#leftPids.has(pid);
+    const fine = this.#lastHolders.every((pid) => alive.has(pid) || this.#leftPids.has(pid)) &&
+      this.#prevHolders.every((pid) => alive.has(pid) || left(pid));
     return fine ? new Set(seenHeld) : new Set();
   }
 
