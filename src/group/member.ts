@@ -654,9 +654,10 @@ export class GroupMember {
         if (bell.kind === "left" && bell.memberId === watched && !this.#stop.signal.aborted) {
           // The member this one watches left: take its shards now, as the watcher would.
           this.#takeOver(bell.memberId);
-        } else if (bell.kind === "left") {
-          // Another member watches it and takes its shards at once: look a little later, so
-          // that every member's read of pg_locks does not slow that take down.
+        } else if (bell.kind === "left" || bell.kind === "gone") {
+          // Another member watches it and takes its shards at once (it rings `gone` as its take
+          // starts to be announced): look a little later, so that every member's read of
+          // pg_locks does not slow that take down.
           delayMs = 2 * this.#config.handoverPollMs;
         }
         this.#watcher?.watch(nextInRing(ring, this.#memberId));
