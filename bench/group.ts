@@ -13,6 +13,7 @@
 import { parseArgs } from "node:util";
 import { startPostgres, type TestPostgres } from "../testing.ts";
 import { LeaderLock } from "../mod.ts";
+import { SWITCH_GRACE_MS } from "../src/group/watcher.ts";
 import {
   checkShards,
   isBalanced,
@@ -176,6 +177,9 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
       ...all.map((p) => p.records.find((r) => r.type === "ready")?.t ?? balancedAt),
     );
     const conns = await connections(pg, prefix);
+    // Idle is the steady state: after the watchers' make-before-break moves of the start
+    // (each waits SWITCH_GRACE_MS), which open sessions and so run statements.
+    await new Promise((resolve) => setTimeout(resolve, SWITCH_GRACE_MS + 1000));
     const idle = await idleRate(pg, prefix);
     const heap = m === 1 ? await heapOf(all[0]!) : null;
 
@@ -498,6 +502,9 @@ load average at the end ${env.loadavg.map((l) => l.toFixed(2)).join(" ")}${
 }. Library defaults: healthIntervalMs 1000, leaseMs 3000, settleMs 10, handoverPollMs 50. Every
 member is a separate Deno process; times include process start-up (about 100-300 ms).
 
+- stmts/s idle: statements per second of all members (the server log), from ${
+  (SWITCH_GRACE_MS + 1000) / 1000
+} s after balanced (once the watchers' moves of the start are done) for ${IDLE_WINDOW_MS / 1000} s.
 - start -> balanced: from spawning the M processes to every shard held and every member at
   floor(N/M)..ceil(N/M) (read from pg_locks every 20 ms); "last ready" counts from the last
   member's join instead.
@@ -505,11 +512,12 @@ member is a separate Deno process; times include process start-up (about 100-300
   (minimum possible: floor(N/(M+1))).
 - failover: the oldest member SIGKILLed after the join; per shard it led, kill -> the new
   holder's \`acquired\` event (one wall clock); p99 is nearest-rank. The member before it in
-  the ring of member ids is woken by its watcher session and takes every shard at once; the
-  others take their share from it a health interval later (kill -> balanced).
+  the ring of member ids is woken by its watcher session and takes every shard at once; it
+  rings the group's bell, and the others take their share from it about 100 ms later (kill ->
+  balanced).
 - leave: the next oldest member SIGTERMed; per shard it led, SIGTERM -> the new holder's
-  \`acquired\` event (its process exits after the unlock; the watcher of the member before it is
-  granted its member lock then).
+  \`acquired\` event (it unlocks, leaves and rings the group's bell; the member before it in the
+  ring takes over at the bell or when its watcher is granted the member lock).
 - overlap: the kit's checker on every shard's terms over the whole run (violations and longest
   overlap).
 
