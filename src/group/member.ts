@@ -639,7 +639,7 @@ export class GroupMember {
       if (bell === undefined) return;
       // The notifying backend's pid is the server's, not the payload's: a session that rang
       // `left` gave its member lock up on purpose (safe mode's #handedOver).
-      if (bell.kind === "left") this.#leftPids.set(pid, this.#config.clock());
+      if (bell.kind === "left" && this.#config.takeover === "safe") this.#noteLeft(pid);
       if (bell.kind === "released") {
         this.#pollNow.abort();
         return;
@@ -847,8 +847,8 @@ export class GroupMember {
         // The others learn now that a member went (it may have rung no bell: a SIGKILL).
         await this.#ring("gone", gone);
       }
-      this.#tickStartedAt = clock();
       const sentAt = clock();
+      this.#tickStartedAt = sentAt;
       const seen = await this.#query((s) =>
         observe(s, key1, this.#facts!.databaseOid, this.#shardSet)
       );
@@ -871,14 +871,17 @@ export class GroupMember {
       this.#prevOthers = this.#lastOthers;
       this.#prevHolders = this.#lastHolders;
       this.#lastOthers = others;
-      this.#lastLeavers = new Set(
-        [...seen.holders].filter((pid) => pid !== seen.backendPid && !memberPids.has(pid)),
-      );
       this.#lastHolderOf = seen.holderOf;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
-      this.#lastHolders = [...seen.holders].filter((pid) =>
-        pid !== seen.backendPid && memberPids.has(pid)
-      );
+      const holders: number[] = [];
+      const leavers = new Set<number>();
+      for (const pid of seen.holders) {
+        if (pid === seen.backendPid) continue;
+        if (memberPids.has(pid)) holders.push(pid);
+        else leavers.add(pid);
+      }
+      this.#lastHolders = holders;
+      this.#lastLeavers = leavers;
       const free: number[] = [];
       for (const k of shards) {
         if (mine.has(k) || others.has(k)) this.#freeStreak.delete(k);
@@ -1435,18 +1438,29 @@ export class GroupMember {
     );
     this.#lease.renew(sentAt);
     const alive = new Set(now.members.map((m) => m.pid));
-    const clock = this.#config.clock();
-    for (const [pid, at] of [...this.#leftPids]) {
-      if (clock - at > 2 * this.#config.leaseMs) this.#leftPids.delete(pid);
-    }
-    // A member that held shards at the tick before the last and held them without its member
-    // lock at the last was leaving (it leaves first, unlocks after): its unlock is on purpose.
-    // So is one whose session rang `left` (the server names the notifying backend): it ended
-    // its terms before its leave, even if this member's last tick still saw it a member.
-    const left = (pid: number) => this.#lastLeavers.has(pid) || this.#leftPids.has(pid);
-    const fine = this.#lastHolders.every((pid) => alive.has(pid) || this.#leftPids.has(pid)) &&
-      this.#prevHolders.every((pid) => alive.has(pid) || left(pid));
+    // A member that held shards then and held them without its member lock at the last tick
+    // was leaving (it leaves first, unlocks after): its unlock is on purpose. So is one whose
+    // session rang `left` (the server names the notifying backend): it ended its terms before
+    // its leave, even if this member's last tick still saw it a member.
+    const fine = [...this.#lastHolders, ...this.#prevHolders].every((pid) =>
+      alive.has(pid) || this.#lastLeavers.has(pid) || this.#leftRecently(pid)
+    );
     return fine ? new Set(seenHeld) : new Set();
+  }
+
+  /** Whether backend `pid` rang `left` within the last two leases. */
+  #leftRecently(pid: number): boolean {
+    const at = this.#leftPids.get(pid);
+    return at !== undefined && this.#config.clock() - at <= 2 * this.#config.leaseMs;
+  }
+
+  /** Records that backend `pid` rang `left` (kept two leases: a leave's unlock follows it). */
+  #noteLeft(pid: number): void {
+    const now = this.#config.clock();
+    for (const [old, at] of [...this.#leftPids]) {
+      if (now - at > 2 * this.#config.leaseMs) this.#leftPids.delete(old);
+    }
+    this.#leftPids.set(pid, now);
   }
 
   /**
