@@ -23,8 +23,17 @@ export type ShardReleaseReason =
   /** `shutdown()` (or the `signal` option) ended the group. */
   | "shutdown";
 
-/** The `reason` of a shard term's signal: which shard, and why its term ended. */
+/**
+ * The `reason` of a shard term's signal: which shard, and why its term ended.
+ *
+ * The reasons a group gives its terms' signals are made without the `Error` constructor (a
+ * member ends thousands of terms at once, and a stack trace per term was most of that time):
+ * `instanceof ShardTermEndedError` (and `PgLeaderLockError`, `Error`) holds and every field is
+ * there, but `stack` is the first line only and `Error.isError()` answers `false`.
+ */
 export class ShardTermEndedError extends PgLeaderLockError {
+  /** The group's key1. */
+  readonly key1: number;
   /** The shard's key2. */
   readonly key2: number;
   /** The fencing token of the term that ended. */
@@ -35,7 +44,7 @@ export class ShardTermEndedError extends PgLeaderLockError {
   /**
    * Creates the error.
    *
-   * @param key1 The group's key1 (for the message).
+   * @param key1 The group's key1 (also a field: which group).
    * @param key2 The shard.
    * @param fencingToken The term's token.
    * @param reason Why the term ended.
@@ -53,11 +62,95 @@ export class ShardTermEndedError extends PgLeaderLockError {
       cause === undefined ? undefined : { cause },
     );
     this.name = "ShardTermEndedError";
+    this.key1 = key1;
     this.key2 = key2;
     this.fencingToken = fencingToken;
     this.reason = reason;
   }
 }
+
+/**
+ * A {@linkcode ShardTermEndedError} made without the `Error` constructor, whose stack trace costs
+ * microseconds per error in Deno (it grows with the stack's depth, whatever
+ * `Error.stackTraceLimit` says): a member ends thousands of terms at once when it leaves or a
+ * rebalance moves its shards, and creating their reasons was most of that time (about 20 ms of
+ * the 27 that ending 3,333 terms took). The result is a `ShardTermEndedError` (a
+ * `PgLeaderLockError`, an `Error`) by prototype, with the same fields; its `message` is formed when
+ * read, and its `stack` is that first line only (the member's bookkeeping, which a stack would
+ * show, says nothing to the work's code).
+ *
+ * @param key1 The group's key1.
+ * @param key2 The shard.
+ * @param fencingToken The term's token.
+ * @param reason Why the term ended.
+ * @param cause The underlying error, if any.
+ * @returns The error.
+ */
+export function termEnded(
+  key1: number,
+  key2: number,
+  fencingToken: bigint,
+  reason: ShardLostReason | ShardReleaseReason,
+  cause?: unknown,
+): ShardTermEndedError {
+  const error = new (TermEnded as unknown as new (
+    key1: number,
+    key2: number,
+    fencingToken: bigint,
+    reason: ShardLostReason | ShardReleaseReason,
+  ) => ShardTermEndedError)(key1, key2, fencingToken, reason);
+  if (cause !== undefined) {
+    Object.defineProperty(error, "cause", {
+      value: cause,
+      writable: true,
+      configurable: true,
+      enumerable: false,
+    });
+  }
+  return error;
+}
+
+/** The constructor behind {@linkcode termEnded}: fields only, in a constructed error's order. */
+function TermEnded(
+  this: Record<string, unknown>,
+  key1: number,
+  key2: number,
+  fencingToken: bigint,
+  reason: string,
+): void {
+  this.name = "ShardTermEndedError";
+  this.key1 = key1;
+  this.key2 = key2;
+  this.fencingToken = fencingToken;
+  this.reason = reason;
+}
+
+/** A `message` or `stack` formed when read; a write makes it an own property, as on an Error. */
+function lazy(name: string, form: (e: ShardTermEndedError) => string): PropertyDescriptor {
+  return {
+    configurable: true,
+    enumerable: false,
+    get(this: ShardTermEndedError) {
+      return form(this);
+    },
+    set(this: ShardTermEndedError, value: unknown) {
+      Object.defineProperty(this, name, {
+        value,
+        writable: true,
+        configurable: true,
+        enumerable: false,
+      });
+    },
+  };
+}
+
+TermEnded.prototype = Object.create(ShardTermEndedError.prototype, {
+  message: lazy(
+    "message",
+    (e) => `The term ${e.fencingToken} of shard (${e.key1}, ${e.key2}) ended: ${e.reason}`,
+  ),
+  stack: lazy("stack", (e) => `ShardTermEndedError: ${e.message}`),
+});
 
 /** Dispatched when this member starts leading a shard: a new term with its own token and signal. */
 export class ShardAcquiredEvent extends Event {

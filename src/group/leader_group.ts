@@ -44,6 +44,7 @@ import {
   ShardReleasedEvent,
   type ShardReleaseReason,
   ShardTermEndedError,
+  termEnded,
 } from "./events.ts";
 import { GroupMember, type MemberObserver, randomMemberId } from "./member.ts";
 import { memberSettings } from "./protocol.ts";
@@ -452,7 +453,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
     if (!run.stopping) {
       run.stopping = true;
       for (const [key2, { term, controller }] of run.terms) {
-        controller.abort(new ShardTermEndedError(this.key1, key2, term.fencingToken, "shutdown"));
+        controller.abort(termEnded(this.key1, key2, term.fencingToken, "shutdown"));
       }
     }
     await this.#drain(run, [...run.works.keys()], Math.min(drainMs, timeoutMs));

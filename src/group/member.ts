@@ -70,7 +70,7 @@ import type { LockSession, SessionConnector } from "../engine/session.ts";
 import { DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
 import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
-import { ShardTermEndedError } from "./events.ts";
+import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
 import {
@@ -252,6 +252,10 @@ export class GroupMember {
   #lastMemberPid: ReadonlyMap<number, number> = new Map();
   /** The member the watcher saw go: the next tick first tries the shards it held. */
   #gone: number | undefined;
+  /** Whether {@linkcode #gone} was learnt from its own `left` bell (the others heard it too). */
+  #goneRang = false;
+  /** The member last taken over, and when (the watcher's grant and its `left` bell both call). */
+  #tookOver: { memberId: number; at: number } | undefined;
   /**
    * `takeover: "safe"`: until when (the member's clock) the polls try every shard others hold
    * (a member just went: if it left, it unlocks its shards {@linkcode LEAVE_GRACE_MS} after its
@@ -283,7 +287,7 @@ export class GroupMember {
   /**
    * The assignment without the member this one watches (the next in the ring), computed ahead
    * while the membership is steady: when that member goes, this member is the one woken, and the
-   * takeover tick finds its assignment ready (about 15-35 ms for 10,000 shards otherwise).
+   * takeover tick finds its assignment ready (a few ms for 10,000 shards otherwise).
    */
   #spare: { key: string; assignment: Assignment } | undefined;
   #tick = 0;
@@ -599,8 +603,18 @@ export class GroupMember {
    *
    * @param memberId The member that went.
    */
-  #takeOver(memberId: number): void {
+  #takeOver(memberId: number, byBell = false): void {
+    const now = this.#config.clock();
+    const last = this.#tookOver;
+    // Once per member that went: the watcher's grant and the leaver's bell both call this; a
+    // second take of the same shards and a second bell only slowed the first take down.
+    if (last?.memberId === memberId && now - last.at < this.#config.leaseMs) {
+      if (byBell) this.#goneRang = true;
+      return;
+    }
+    this.#tookOver = { memberId, at: now };
     this.#gone = memberId;
+    this.#goneRang = byBell;
     this.#takeover = TAKEOVER_TICKS;
     if (this.#config.takeover === "safe") this.#sweepUntil = this.#config.clock() + SWEEP_MS;
     this.#wake.abort();
@@ -653,7 +667,7 @@ export class GroupMember {
           : members.filter((m) => m !== bell.memberId);
         if (bell.kind === "left" && bell.memberId === watched && !this.#stop.signal.aborted) {
           // The member this one watches left: take its shards now, as the watcher would.
-          this.#takeOver(bell.memberId);
+          this.#takeOver(bell.memberId, true);
         } else if (bell.kind === "left" || bell.kind === "gone") {
           // Another member watches it and takes its shards at once (it rings `gone` as its take
           // starts to be announced): look a little later, so that every member's read of
@@ -844,8 +858,9 @@ export class GroupMember {
       if (this.#gone !== undefined) {
         const gone = this.#gone;
         await this.#takeGone();
-        // The others learn now that a member went (it may have rung no bell: a SIGKILL).
-        await this.#ring("gone", gone);
+        // The others learn now that a member went (it may have rung no bell: a SIGKILL); when
+        // it rang `left`, they heard that.
+        if (!this.#goneRang) await this.#ring("gone", gone);
       }
       const sentAt = clock();
       this.#tickStartedAt = sentAt;
@@ -1059,11 +1074,24 @@ export class GroupMember {
    * later, when the members they are assigned to have seen the change.
    */
   async #takeGone(): Promise<void> {
-    const pid = this.#lastMemberPid.get(this.#gone!);
+    const gone = this.#gone!;
     this.#gone = undefined;
+    const pid = this.#lastMemberPid.get(gone);
     if (pid === undefined) return;
-    const theirs: number[] = [];
-    for (const [k, holder] of this.#lastHolderOf) if (holder === pid) theirs.push(k);
+    // First what the last tick saw it hold within its share, then the rest of its share (it
+    // may have taken shards since that tick, up to a health interval ago), then the rest of what
+    // it held (that view may be as old: a move it made since, a join's, left those to others).
+    const seen: number[] = [];
+    for (const [k, holder] of this.#lastHolderOf) if (holder === pid) seen.push(k);
+    const share = new Set(
+      this.#assignment?.members.includes(gone) ? this.#assignment.byMember.get(gone) : [],
+    );
+    const seenSet = new Set(seen);
+    const theirs = [
+      ...seen.filter((k) => share.has(k)),
+      ...[...share].filter((k) => !seenSet.has(k)),
+      ...seen.filter((k) => !share.has(k)),
+    ];
     if (theirs.length === 0) return;
     for (const k of await this.#acquire(theirs)) {
       this.#adoptedUntil.set(k, this.#tick + TAKEOVER_TICKS + 1);
@@ -1548,7 +1576,7 @@ export class GroupMember {
       ? undefined
       : error;
     term.controller.abort(
-      new ShardTermEndedError(this.#config.key1, key2, term.token, reason, cause),
+      termEnded(this.#config.key1, key2, term.token, reason, cause),
     );
     if (kind === "released") {
       this.#observer.released(
