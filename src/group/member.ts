@@ -314,6 +314,12 @@ export class GroupMember {
    * {@linkcode #acquire}), since the next tick gives this member a smaller share.
    */
   #joinHeard = false;
+  /**
+   * key2 -> when a long-free shard was adopted (the member's clock): its hold of
+   * {@linkcode ADOPTED_HOLD_TICKS} ticks also spans that many health intervals less one, as the
+   * rules of "A ticks" do, since ticks come sooner while early-back shards are led.
+   */
+  readonly #adoptedAt = new Map<number, number>();
   /** The shards the last {@linkcode #acquire} did not try because it yielded to a join. */
   #untried: ReadonlySet<number> = new Set();
   /** key2 -> when it was first seen assigned here but held by another session. */
@@ -939,9 +945,12 @@ export class GroupMember {
       for (const [k, under] of [...this.#adoptedUnder]) {
         if (under !== this.#membersKey) this.#adoptedUnder.delete(k);
       }
+      const heldOut = (k: number) =>
+        sentAt - (this.#adoptedAt.get(k) ?? -Infinity) >=
+          (ADOPTED_HOLD_TICKS - 1) * healthIntervalMs;
       const handOver = [...this.#terms.keys()].filter((k) =>
         !target.has(k) && !kept(k) &&
-        ((this.#adoptedUntil.get(k) ?? 0) <= this.#tick ||
+        (((this.#adoptedUntil.get(k) ?? 0) <= this.#tick && heldOut(k)) ||
           (this.#earlyBack.has(k) && ownerWorks(k)))
       );
       for (const k of handOver) this.#earlyBack.delete(k);
@@ -972,6 +981,7 @@ export class GroupMember {
       if (!takeover) {
         for (const k of adopt) {
           this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
+          this.#adoptedAt.set(k, sentAt);
           if (this.#adoptedUnder.get(k) === this.#membersKey) this.#earlyBack.delete(k);
           else this.#earlyBack.add(k);
           this.#adoptedUnder.set(k, this.#membersKey);
@@ -988,6 +998,10 @@ export class GroupMember {
         this.#lasted(this.#freeStreak.get(k), this.#config.adoptAfterTicks + RESCUE_EXTRA_TICKS)
       );
       const got = await this.#acquire([...wanted, ...adopt, ...rescue], !takeover);
+      if (adopt.length > 0 && !takeover) {
+        const gotSet = new Set(got);
+        for (const k of adopt) if (!gotSet.has(k)) this.#adoptedAt.delete(k);
+      }
       if (rescue.length > 0) {
         const gotSet = new Set(got);
         for (const k of rescue) {
@@ -1030,7 +1044,8 @@ export class GroupMember {
       const quickBack = takeover && this.#config.takeover !== "safe";
       let nextTick = sentAt + (this.#takeover > 0 || quickBack ? handoverPollMs : healthIntervalMs);
       // Adopted shards that go back as soon as their member works (a start or a join, while the
-      // views settle): the next tick comes sooner, not a health interval later.
+      // views settle): the next tick comes sooner, not a health interval later (their hold
+      // otherwise still spans its health intervals: #adoptedAt).
       if (
         this.#config.takeover !== "safe" && [...this.#earlyBack].some((k) => this.#terms.has(k))
       ) {
@@ -1597,6 +1612,7 @@ export class GroupMember {
     if (!term) return false;
     this.#terms.delete(key2);
     this.#adoptedUntil.delete(key2);
+    this.#adoptedAt.delete(key2);
     const cause = error instanceof DeadlineError || error instanceof LeaseExpired
       ? undefined
       : error;
