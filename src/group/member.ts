@@ -250,12 +250,17 @@ export class GroupMember {
   #lastHolderOf: ReadonlyMap<number, number> = new Map();
   /** The last tick's view: member id -> backend pid. */
   #lastMemberPid: ReadonlyMap<number, number> = new Map();
+  /** The last tick's view: the member sessions' backend pids. */
+  #lastMemberPids: ReadonlySet<number> = new Set();
   /** The member the watcher saw go: the next tick first tries the shards it held. */
   #gone: number | undefined;
   /** Whether {@linkcode #gone} was learnt from its own `left` bell (the others heard it too). */
   #goneRang = false;
-  /** The member last taken over, and when (the watcher's grant and its `left` bell both call). */
-  #tookOver: { memberId: number; at: number } | undefined;
+  /**
+   * The member last taken over, when, and whether its `left` bell or the watcher's grant said so
+   * (a leave says both, a few ms apart: one takeover).
+   */
+  #tookOver: { memberId: number; at: number; byBell: boolean } | undefined;
   /**
    * `takeover: "safe"`: until when (the member's clock) the polls try every shard others hold
    * (a member just went: if it left, it unlocks its shards {@linkcode LEAVE_GRACE_MS} after its
@@ -618,15 +623,21 @@ export class GroupMember {
    * @param memberId The member that went.
    */
   #takeOver(memberId: number, byBell = false): void {
+    // A member id the last tick did not see is nobody to take over: a forged `joined` bell
+    // aimed the watcher at an id no session holds, and its wait was granted at once.
+    if (!this.#lastMemberPid.has(memberId)) return;
     const now = this.#config.clock();
     const last = this.#tookOver;
-    // Once per member that went: the watcher's grant and the leaver's bell both call this; a
-    // second take of the same shards and a second bell only slowed the first take down.
-    if (last?.memberId === memberId && now - last.at < this.#config.leaseMs) {
+    // Once per leave: the watcher's grant and the leaver's bell both say so (a second take of
+    // the same shards and a second bell only slowed the first take down). Not twice from the
+    // same source: a member that reconnected under its id and then died is a second end.
+    if (
+      last?.memberId === memberId && last.byBell !== byBell && now - last.at < this.#bellGapMs
+    ) {
       if (byBell) this.#goneRang = true;
       return;
     }
-    this.#tookOver = { memberId, at: now };
+    this.#tookOver = { memberId, at: now, byBell };
     this.#gone = memberId;
     this.#goneRang = byBell;
     this.#takeover = TAKEOVER_TICKS;
@@ -674,6 +685,19 @@ export class GroupMember {
       }
       const members = this.#assignment?.members;
       let delayMs = 0;
+      // A `left` bell is the leaver's if its own session rang it, a `gone` bell a member's if a
+      // member session rang it (the server names the notifying backend): anyone with CONNECT can
+      // notify, and a forged one must not move a watcher off a live member nor take it over.
+      const its = bell.memberId === undefined ? undefined : this.#lastMemberPid.get(bell.memberId);
+      const genuine = bell.kind === "left"
+        ? pid === its
+        : bell.kind === "gone"
+        ? pid !== its && this.#lastMemberPids.has(pid)
+        : true;
+      if (!genuine) {
+        if (this.#config.takeover !== "safe") this.#bellWake(2 * this.#config.handoverPollMs);
+        return;
+      }
       if (members && bell.memberId !== undefined && bell.memberId !== this.#memberId) {
         const watched = nextInRing(members, this.#memberId);
         if (bell.kind === "joined" && !members.includes(bell.memberId)) this.#joinHeard = true;
@@ -904,6 +928,7 @@ export class GroupMember {
       this.#lastOthers = others;
       this.#lastHolderOf = seen.holderOf;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
+      this.#lastMemberPids = memberPids;
       const holders: number[] = [];
       const leavers = new Set<number>();
       for (const pid of seen.holders) {
@@ -1362,8 +1387,14 @@ export class GroupMember {
    * (the locks it took stay, without a token): they are unlocked and the chunk is tried again in
    * halves, down to {@linkcode MIN_ACQUIRE_CHUNK}; then the member leads what fits, reports the
    * rest once (an error event), and tries more only every {@linkcode FULL_RETRY_TICKS} ticks.
+   *
+   * @param keys The shards to try.
+   * @param yielding A tick's try-locks of its share: they stop after the chunk in flight when a
+   *   member joins (its bell) or goes (its watcher), and {@linkcode #untried} says which were
+   *   not tried.
+   * @returns The shards taken.
    */
-  async #acquire(keys: readonly number[], yieldToJoin = false): Promise<number[]> {
+  async #acquire(keys: readonly number[], yielding = false): Promise<number[]> {
     // Never a shard this session holds (ACQUIRE does not check: a second lock would need a
     // second unlock): those led, waiting out a lease, or draining after a move.
     const todo = keys.filter((k) =>
@@ -1437,7 +1468,9 @@ export class GroupMember {
       // A member joined meanwhile (its bell): the share these try-locks take shrinks at the
       // next tick, which comes at once; the rest would only be handed over again (10 members
       // starting over 10,000 shards: the first took all for 860 ms while the others joined).
-      const next = yieldToJoin && this.#joinHeard ? undefined : chunks.shift();
+      // Or a member went: the takeover of its shards goes first.
+      const yieldNow = yielding && (this.#joinHeard || this.#gone !== undefined);
+      const next = yieldNow ? undefined : chunks.shift();
       if (next !== undefined) request = send(next);
       else if (chunks.length > 0) this.#untried = new Set(chunks.flat());
       announceDue();
@@ -1594,7 +1627,13 @@ export class GroupMember {
 
   #loseAll(reason: ShardLostReason, error: unknown): void {
     this.#lease.revoke();
-    for (const key2 of [...this.#terms.keys()]) this.#endTerm(key2, "lost", reason, error);
+    // One wrapped error for every term's event (an Error per term was most of the time: 1,000
+    // terms took 15 ms, which the member's successor's settle must cover).
+    const cause = causeOf(error);
+    const wrapped = cause === undefined ? undefined : wrap(cause);
+    for (const key2 of [...this.#terms.keys()]) {
+      this.#endTerm(key2, "lost", reason, cause, wrapped);
+    }
     this.#released = [];
     this.#draining.clear();
     this.#outwaiting.clear();
@@ -1607,15 +1646,14 @@ export class GroupMember {
     kind: "released" | "lost",
     reason: ShardReleaseReason | ShardLostReason,
     error: unknown,
+    wrapped?: PgLeaderLockError,
   ): boolean {
     const term = this.#terms.get(key2);
     if (!term) return false;
     this.#terms.delete(key2);
     this.#adoptedUntil.delete(key2);
     this.#adoptedAt.delete(key2);
-    const cause = error instanceof DeadlineError || error instanceof LeaseExpired
-      ? undefined
-      : error;
+    const cause = causeOf(error);
     term.controller.abort(
       termEnded(this.#config.key1, key2, term.token, reason, cause),
     );
@@ -1632,7 +1670,7 @@ export class GroupMember {
         term.token,
         term.controller.signal,
         reason as ShardLostReason,
-        cause === undefined ? undefined : wrap(cause),
+        cause === undefined ? undefined : wrapped ?? wrap(cause),
       );
     }
     return true;
@@ -1674,6 +1712,11 @@ function isPermanent(error: unknown): boolean {
 }
 
 /** Everything the group reports is a PgLeaderLockError; the driver's error is its cause. */
+/** The cause a term's end carries: none for a deadline or an expired lease (the reason says it). */
+function causeOf(error: unknown): unknown {
+  return error instanceof DeadlineError || error instanceof LeaseExpired ? undefined : error;
+}
+
 function wrap(error: unknown): PgLeaderLockError {
   if (error instanceof PgLeaderLockError) return error;
   if (error instanceof SessionEnded) {

@@ -1,0 +1,149 @@
+/**
+ * What makes a member take another's shards over at once: its watcher's grant and the leaver's
+ * own `left` bell, never a bell forged by another session (anyone with CONNECT can notify on the
+ * group's channel), and every end of a member, also a second one under the same member id.
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { startPostgres } from "../../testing.ts";
+import { bellChannel } from "../../src/group/protocol.ts";
+import { PgClient } from "../../src/testing/_pg.ts";
+import { isBalanced, MemberProcess, viewGroup, waitForView } from "./_harness.ts";
+
+const N = 12;
+/** A health interval far above what a takeover takes: only the watcher can be this fast. */
+const HEALTH_MS = 3000;
+const LEASE_MS = 6000;
+const SETTLE_MS = 50;
+const FAST_MS = 500;
+
+/** Three member processes over N shards, balanced; disposed afterwards. */
+function threeMembers(dsn: string, key1: number, takeover: "fast" | "safe" = "fast") {
+  const options = {
+    dsn,
+    key1,
+    shards: N,
+    healthIntervalMs: HEALTH_MS,
+    leaseMs: LEASE_MS,
+    settleMs: SETTLE_MS,
+    takeover,
+  };
+  const all = ["b1", "b2", "b3"].map((name) =>
+    new MemberProcess(name, { ...options, identity: name })
+  );
+  return {
+    all,
+    async [Symbol.asyncDispose]() {
+      await Promise.all(all.map((m) => m.dispose()));
+    },
+  };
+}
+
+Deno.test({
+  name: "A member whose backend was terminated, that joined again under its member id and then " +
+    "died, is taken over at once again",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  await using pg = await startPostgres();
+  const key1 = 5353;
+  await using group = threeMembers(pg.dsn, key1);
+  const [, victim] = group.all as [MemberProcess, MemberProcess, MemberProcess];
+  await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced");
+  const [first] = await pg.query(
+    `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
+    [victim.name],
+  );
+  assert.equal(await pg.terminateBackend(Number(first?.pid)), true);
+  // It connects again and takes its member lock under the same id (within a lease of the first
+  // end, when a takeover of that id is still fresh).
+  await waitForView(
+    pg,
+    key1,
+    N,
+    (v) => v.members.length === 3 && !v.members.includes(Number(first?.pid)),
+    30_000,
+    "the member back under a new backend",
+    5,
+  );
+  // Past the watcher's make-before-break grace (1 s) for a member that joins, within the lease.
+  await new Promise((resolve) => setTimeout(resolve, 1500));
+  const [second] = await pg.query(
+    `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
+    [victim.name],
+  );
+  const backend = Number(second?.pid);
+  await victim.kill();
+  const { at } = await waitForView(
+    pg,
+    key1,
+    N,
+    (v) => v.unowned === 0 && !v.counts.has(backend),
+    20_000,
+    "every shard led by a live member",
+    2,
+  );
+  const ms = at - victim.killedAt!;
+  assert.ok(ms < FAST_MS, `led again ${Math.round(ms)} ms after the SIGKILL (a tick: 3 s)`);
+});
+
+Deno.test({
+  name: "Forged 'gone' and 'left' bells of a live member neither move its watcher off it nor " +
+    "take its shards: its SIGKILL during the forgery is taken over at once",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  await using pg = await startPostgres();
+  const key1 = 5454;
+  // Safe mode: bells other than a join start no tick, so nothing but the watcher is fast.
+  await using group = threeMembers(pg.dsn, key1, "safe");
+  const [, victim] = group.all as [MemberProcess, MemberProcess, MemberProcess];
+  await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced");
+  const victimId = victim.records.find((r) => r.type === "ready")?.memberId;
+  assert.ok(victimId !== undefined, "the victim's member id");
+  const forger = new PgClient({ connectionString: pg.dsn });
+  forger.on("error", () => {});
+  await forger.connect();
+  let forging = true;
+  let forged = 0;
+  const flood = (async () => {
+    while (forging) {
+      await forger.query(`SELECT pg_notify($1, $2), pg_notify($1, $3)`, [
+        bellChannel(key1),
+        `gone:${victimId}`,
+        `left:${victimId}`,
+      ]);
+      forged++;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+  })();
+  try {
+    // Longer than a watcher's grace before it moves (1 s), shorter than a tick (3 s).
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+    const before = await viewGroup(pg, key1, N);
+    assert.ok(isBalanced(before, N, 3), "the forged bells took no shard from the live member");
+    const [row] = await pg.query(
+      `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
+      [victim.name],
+    );
+    const backend = Number(row?.pid);
+    await victim.kill();
+    const { at } = await waitForView(
+      pg,
+      key1,
+      N,
+      (v) => v.unowned === 0 && !v.counts.has(backend),
+      20_000,
+      "every shard led by a live member",
+      2,
+    );
+    const ms = at - victim.killedAt!;
+    assert.ok(forged >= 8, `${forged} forged rounds`);
+    assert.ok(ms < FAST_MS, `led again ${Math.round(ms)} ms after the SIGKILL (a tick: 3 s)`);
+  } finally {
+    forging = false;
+    await flood;
+    await forger.end();
+  }
+});
