@@ -250,17 +250,14 @@ export class GroupMember {
   #lastHolderOf: ReadonlyMap<number, number> = new Map();
   /** The last tick's view: member id -> backend pid. */
   #lastMemberPid: ReadonlyMap<number, number> = new Map();
-  /** The last tick's view: the member sessions' backend pids. */
-  #lastMemberPids: ReadonlySet<number> = new Set();
   /** The member the watcher saw go: the next tick first tries the shards it held. */
   #gone: number | undefined;
-  /** Whether {@linkcode #gone} was learnt from its own `left` bell (the others heard it too). */
-  #goneRang = false;
   /**
-   * The member last taken over, when, and whether its `left` bell or the watcher's grant said so
-   * (a leave says both, a few ms apart: one takeover).
+   * The member last taken over, when, whether its `left` bell or the watcher's grant said so (a
+   * leave says both, a few ms apart: one takeover), and whether it rang `left` (the others heard
+   * that: no `gone` bell).
    */
-  #tookOver: { memberId: number; at: number; byBell: boolean } | undefined;
+  #tookOver: { memberId: number; at: number; byBell: boolean; rang: boolean } | undefined;
   /**
    * `takeover: "safe"`: until when (the member's clock) the polls try every shard others hold
    * (a member just went: if it left, it unlocks its shards {@linkcode LEAVE_GRACE_MS} after its
@@ -634,12 +631,11 @@ export class GroupMember {
     if (
       last?.memberId === memberId && last.byBell !== byBell && now - last.at < this.#bellGapMs
     ) {
-      if (byBell) this.#goneRang = true;
+      if (byBell) last.rang = true;
       return;
     }
-    this.#tookOver = { memberId, at: now, byBell };
+    this.#tookOver = { memberId, at: now, byBell, rang: byBell };
     this.#gone = memberId;
-    this.#goneRang = byBell;
     this.#takeover = TAKEOVER_TICKS;
     if (this.#config.takeover === "safe") this.#sweepUntil = this.#config.clock() + SWEEP_MS;
     this.#wake.abort();
@@ -692,7 +688,7 @@ export class GroupMember {
       const genuine = bell.kind === "left"
         ? pid === its
         : bell.kind === "gone"
-        ? pid !== its && this.#lastMemberPids.has(pid)
+        ? pid !== its && [...this.#lastMemberPid.values()].includes(pid)
         : true;
       if (!genuine) {
         if (this.#config.takeover !== "safe") this.#bellWake(2 * this.#config.handoverPollMs);
@@ -899,7 +895,9 @@ export class GroupMember {
         await this.#takeGone();
         // The others learn now that a member went (it may have rung no bell: a SIGKILL); when
         // it rang `left`, they heard that.
-        if (!this.#goneRang) await this.#ring("gone", gone);
+        if (!(this.#tookOver?.memberId === gone && this.#tookOver.rang)) {
+          await this.#ring("gone", gone);
+        }
       }
       const sentAt = clock();
       this.#tickStartedAt = sentAt;
@@ -928,7 +926,6 @@ export class GroupMember {
       this.#lastOthers = others;
       this.#lastHolderOf = seen.holderOf;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
-      this.#lastMemberPids = memberPids;
       const holders: number[] = [];
       const leavers = new Set<number>();
       for (const pid of seen.holders) {
@@ -1006,7 +1003,6 @@ export class GroupMember {
       if (!takeover) {
         for (const k of adopt) {
           this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
-          this.#adoptedAt.set(k, sentAt);
           if (this.#adoptedUnder.get(k) === this.#membersKey) this.#earlyBack.delete(k);
           else this.#earlyBack.add(k);
           this.#adoptedUnder.set(k, this.#membersKey);
@@ -1025,7 +1021,7 @@ export class GroupMember {
       const got = await this.#acquire([...wanted, ...adopt, ...rescue], !takeover);
       if (adopt.length > 0 && !takeover) {
         const gotSet = new Set(got);
-        for (const k of adopt) if (!gotSet.has(k)) this.#adoptedAt.delete(k);
+        for (const k of adopt) if (gotSet.has(k)) this.#adoptedAt.set(k, sentAt);
       }
       if (rescue.length > 0) {
         const gotSet = new Set(got);

@@ -6,7 +6,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { startPostgres } from "../../testing.ts";
+import { startPostgres, type TestPostgres } from "../../testing.ts";
 import { bellChannel } from "../../src/group/protocol.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { isBalanced, MemberProcess, viewGroup, waitForView } from "./_harness.ts";
@@ -40,6 +40,31 @@ function threeMembers(dsn: string, key1: number, takeover: "fast" | "safe" = "fa
   };
 }
 
+/** The backend pid of a member process's own session. */
+async function backendOf(pg: TestPostgres, member: MemberProcess): Promise<number> {
+  const [row] = await pg.query(
+    `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
+    [member.name],
+  );
+  return Number(row?.pid);
+}
+
+/** SIGKILLs `victim`; how long until every shard is led by a live member. */
+async function killAndTime(pg: TestPostgres, key1: number, victim: MemberProcess) {
+  const backend = await backendOf(pg, victim);
+  await victim.kill();
+  const { at } = await waitForView(
+    pg,
+    key1,
+    N,
+    (v) => v.unowned === 0 && !v.counts.has(backend),
+    20_000,
+    "every shard led by a live member",
+    2,
+  );
+  return at - victim.killedAt!;
+}
+
 Deno.test({
   name: "A member whose backend was terminated, that joined again under its member id and then " +
     "died, is taken over at once again",
@@ -51,40 +76,22 @@ Deno.test({
   await using group = threeMembers(pg.dsn, key1);
   const [, victim] = group.all as [MemberProcess, MemberProcess, MemberProcess];
   await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced");
-  const [first] = await pg.query(
-    `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
-    [victim.name],
-  );
-  assert.equal(await pg.terminateBackend(Number(first?.pid)), true);
+  const first = await backendOf(pg, victim);
+  assert.equal(await pg.terminateBackend(first), true);
   // It connects again and takes its member lock under the same id (within a lease of the first
   // end, when a takeover of that id is still fresh).
   await waitForView(
     pg,
     key1,
     N,
-    (v) => v.members.length === 3 && !v.members.includes(Number(first?.pid)),
+    (v) => v.members.length === 3 && !v.members.includes(first),
     30_000,
     "the member back under a new backend",
     5,
   );
   // Past the watcher's make-before-break grace (1 s) for a member that joins, within the lease.
   await new Promise((resolve) => setTimeout(resolve, 1500));
-  const [second] = await pg.query(
-    `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
-    [victim.name],
-  );
-  const backend = Number(second?.pid);
-  await victim.kill();
-  const { at } = await waitForView(
-    pg,
-    key1,
-    N,
-    (v) => v.unowned === 0 && !v.counts.has(backend),
-    20_000,
-    "every shard led by a live member",
-    2,
-  );
-  const ms = at - victim.killedAt!;
+  const ms = await killAndTime(pg, key1, victim);
   assert.ok(ms < FAST_MS, `led again ${Math.round(ms)} ms after the SIGKILL (a tick: 3 s)`);
 });
 
@@ -123,22 +130,7 @@ Deno.test({
     await new Promise((resolve) => setTimeout(resolve, 2000));
     const before = await viewGroup(pg, key1, N);
     assert.ok(isBalanced(before, N, 3), "the forged bells took no shard from the live member");
-    const [row] = await pg.query(
-      `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
-      [victim.name],
-    );
-    const backend = Number(row?.pid);
-    await victim.kill();
-    const { at } = await waitForView(
-      pg,
-      key1,
-      N,
-      (v) => v.unowned === 0 && !v.counts.has(backend),
-      20_000,
-      "every shard led by a live member",
-      2,
-    );
-    const ms = at - victim.killedAt!;
+    const ms = await killAndTime(pg, key1, victim);
     assert.ok(forged >= 8, `${forged} forged rounds`);
     assert.ok(ms < FAST_MS, `led again ${Math.round(ms)} ms after the SIGKILL (a tick: 3 s)`);
   } finally {
