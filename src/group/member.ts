@@ -18,7 +18,8 @@
  *    A member-like session that holds a shard (never counted absent) and takes none of its share
  *    strands nothing either: a shard of another member's share free for A + 3 ticks is rescued
  *    beyond the fair share and kept for a while (10 ticks, doubling each time the same shard is
- *    rescued again under the same membership, up to 160) before it is handed back.
+ *    seen that long free again under the same membership, whoever rescued it, up to 160) before
+ *    it is handed back; its member is left out of the watchers' ring under that membership.
  * 3. Hands over the shards it holds that the assignment gives to another member: ends their
  *    terms (signal aborted, `released`), then unlocks them in one statement once their lead()
  *    work has drained (`MemberObserver.drain`, at most the lease less a health interval). The
@@ -52,7 +53,8 @@
  *    its JOIN, RELEASE and LEAVE, and after taking a gone member's shards. Another's join, leave
  *    or end starts its next tick (no sooner than max(P, H / 4) after the last: anyone can notify)
  *    and moves its watcher at once; a release starts its next poll. Missing a bell only makes a
- *    member look at its next tick or poll.
+ *    member look at its next tick or poll. A flood of notifications on the channel (anyone can
+ *    notify) makes it stop listening for a while ({@linkcode BELL_FLOOD_PER_S}).
  *
  * The member session never waits in PostgreSQL's lock queue, so none of its statements needs a
  * client-side timeout on a lock wait; each is bounded by the lease (the session is closed when it
@@ -88,6 +90,7 @@ import {
   release,
   ring,
   setUp,
+  unlistenStatement,
 } from "./protocol.ts";
 
 /** Everything the member needs, validated. */
@@ -184,18 +187,38 @@ const HANDOVER_GRACE_TICKS = 2;
 export const RESCUE_EXTRA_TICKS = 3;
 /**
  * How many ticks a rescued shard is kept at first before it is handed to its assigned member
- * (views that disagreed while the membership settled agree by then); each rescue of the same shard
- * under the same membership doubles it, up to {@linkcode RESCUE_MAX_HOLD_TICKS}.
+ * (views that disagreed while the membership settled agree by then); each time the same shard is
+ * seen long free again under the same membership (whoever rescued it before: every member sees
+ * the same free streaks) doubles it, up to {@linkcode RESCUE_MAX_HOLD_TICKS}.
  */
 const RESCUE_HOLD_TICKS = 10;
 /** The longest a rescued shard is kept before it is handed over (a rescue again if still free). */
 const RESCUE_MAX_HOLD_TICKS = 160;
 /** How many ticks, a poll period apart, take a gone member's shards over. */
 const TAKEOVER_TICKS = 2;
-/** The most shards one try-lock statement takes. */
+/** The most shards one try-lock statement of a tick takes. */
 const ACQUIRE_CHUNK = 512;
+/**
+ * The part of a gone member's shards in the first of the two statements that take them (see
+ * `halves` in #acquire): a little over half, so that the median shard is in it also when some
+ * of those tried first were taken by others meanwhile.
+ */
+const TAKEOVER_FIRST_PART = 0.55;
 /** The smallest chunk tried again when the server's lock table is full. */
 const MIN_ACQUIRE_CHUNK = 16;
+/**
+ * More notifications than this on the group's channel within one second is a flood, not bells (a
+ * group rings a few per membership change): anyone with CONNECT can notify on any channel, and
+ * every notification reaches the member's own session, whose statements must answer within the
+ * lease (a flood of millions a second cost members their sessions again and again). The member
+ * stops listening for {@linkcode BELL_PAUSE_MS}, doubling at each flood up to
+ * {@linkcode BELL_MAX_PAUSE_MS}, and sees joins and leaves at its ticks meanwhile.
+ */
+const BELL_FLOOD_PER_S = 1000;
+/** How long the first flood of the bell silences it (see {@linkcode BELL_FLOOD_PER_S}). */
+const BELL_PAUSE_MS = 10_000;
+/** The longest pause of the bell after floods. */
+const BELL_MAX_PAUSE_MS = 300_000;
 /** The least time between two handover polls when bells ask for them. */
 const POLL_MIN_GAP_MS = 10;
 /** A holder with at most this many polled shards has them all tried at every poll (see #poll). */
@@ -336,7 +359,21 @@ export class GroupMember {
    * membership they were rescued under, the tick until which they are kept and the hold of the
    * next rescue. Kept until then (or until the membership changes), then handed over as usual.
    */
-  readonly #rescued = new Map<number, { under: string; until: number; hold: number }>();
+  readonly #rescued = new Map<number, { under: string; until: number }>();
+  /**
+   * key2 -> how many times it was seen free for `adoptAfterTicks` + {@linkcode RESCUE_EXTRA_TICKS}
+   * ticks under membership `under` (a free streak counts once: `open` while it lasts). Every
+   * member sees the same streaks, so the rescue hold doubles per shard whoever rescues it, and the
+   * member it is assigned to is known not to take its share (see {@linkcode #ringMembers}).
+   */
+  readonly #longFree = new Map<number, { under: string; episodes: number; open: boolean }>();
+  /**
+   * The members whose ring the watcher follows: the assignment's, less those a shard of whose
+   * share was seen long free under this membership (a forged member lock in a session that holds
+   * a shard takes no share: watching it left the member after it unwatched, its death seen at the
+   * next tick). This member is always in it.
+   */
+  #ringMembers: readonly number[] | undefined;
   /** The group's shards as a set, for the observation's filter. */
   readonly #shardSet: ReadonlySet<number>;
   /** Consecutive ticks this member held nothing while others held all of its share. */
@@ -352,6 +389,14 @@ export class GroupMember {
   #pollNow = new AbortController();
   /** Whether a failed LISTEN was reported (once per member run). */
   #bellReported = false;
+  /** Notifications on the bell's channel since {@linkcode #bellCountSince} (flood detection). */
+  #bellCount = 0;
+  /** When the current second of {@linkcode #bellCount} began (the member's clock). */
+  #bellCountSince = -Infinity;
+  /** While the bell is silenced after a flood: until when (the member's clock). */
+  #bellMutedUntil: number | undefined;
+  /** When the bell was last silenced, and for how long (the next flood doubles it). */
+  #bellMute = { at: -Infinity, pauseMs: BELL_PAUSE_MS / 2 };
   /** When the last tick began (the member's clock). */
   #tickStartedAt = -Infinity;
   /** A bell's wake deferred by {@linkcode #bellGapMs}. */
@@ -668,8 +713,20 @@ export class GroupMember {
   async #listen(): Promise<void> {
     const session = this.#session!;
     const channel = bellChannel(this.#config.key1);
+    this.#bellMutedUntil = undefined;
+    this.#bellCount = 0;
     session.onNotification?.((from, payload, pid) => {
       if (from !== channel || this.#session !== session || pid === session.backendPid) return;
+      if (this.#bellMutedUntil !== undefined) return;
+      const now = this.#config.clock();
+      if (now - this.#bellCountSince >= 1000) {
+        this.#bellCountSince = now;
+        this.#bellCount = 0;
+      }
+      if (++this.#bellCount > BELL_FLOOD_PER_S) {
+        this.#muteBell(now);
+        return;
+      }
       const bell = parseBell(payload);
       if (bell === undefined) return;
       // The notifying backend's pid is the server's, not the payload's: a session that rang
@@ -695,11 +752,12 @@ export class GroupMember {
         return;
       }
       if (members && bell.memberId !== undefined && bell.memberId !== this.#memberId) {
-        const watched = nextInRing(members, this.#memberId);
+        const ringMembers = this.#ringMembers ?? members;
+        const watched = nextInRing(ringMembers, this.#memberId);
         if (bell.kind === "joined" && !members.includes(bell.memberId)) this.#joinHeard = true;
         const ring = bell.kind === "joined"
-          ? [...new Set([...members, bell.memberId])].sort((a, b) => a - b)
-          : members.filter((m) => m !== bell.memberId);
+          ? [...new Set([...ringMembers, bell.memberId])].sort((a, b) => a - b)
+          : ringMembers.filter((m) => m !== bell.memberId);
         if (bell.kind === "left" && bell.memberId === watched && !this.#stop.signal.aborted) {
           // The member this one watches left: take its shards now, as the watcher would.
           this.#takeOver(bell.memberId, true);
@@ -731,6 +789,47 @@ export class GroupMember {
           { cause: error },
         ),
       );
+    }
+  }
+
+  /**
+   * The bell's channel is flooded (see {@linkcode BELL_FLOOD_PER_S}): stops listening until the
+   * pause is over (the tick after it listens again), and says so.
+   */
+  #muteBell(now: number): void {
+    const { pauseMs: last, at } = this.#bellMute;
+    // A flood long after the last one starts over from the first pause.
+    const pauseMs = now - at > 2 * BELL_MAX_PAUSE_MS
+      ? BELL_PAUSE_MS
+      : Math.min(2 * last, BELL_MAX_PAUSE_MS);
+    this.#bellMute = { at: now, pauseMs };
+    this.#bellMutedUntil = now + pauseMs;
+    const { key1 } = this.#config;
+    this.#query((s) => s.query(unlistenStatement(key1))).catch(() => {
+      // The session ended (the next one listens afresh) or the statement failed: the
+      // notifications are ignored until the pause is over either way.
+    });
+    this.#observer.error(
+      new PgLeaderLockError(
+        `More than ${BELL_FLOOD_PER_S} notifications in one second on the channel of group ${key1}'s bell (${
+          bellChannel(key1)
+        }; anyone with CONNECT can notify on it): this member stops listening for ${
+          Math.round(pauseMs / 1000)
+        } s and sees joins and leaves at its ticks meanwhile`,
+      ),
+    );
+  }
+
+  /** After a flood's pause: listens on the bell again (the tick's first statement). */
+  async #unmuteBell(): Promise<void> {
+    if (this.#bellMutedUntil === undefined || this.#config.clock() < this.#bellMutedUntil) return;
+    this.#bellMutedUntil = undefined;
+    this.#bellCount = 0;
+    this.#bellCountSince = this.#config.clock();
+    try {
+      await this.#query((s) => s.query(listenStatement(this.#config.key1)));
+    } catch (error) {
+      if (error instanceof SessionEnded || error instanceof LeaseExpired) throw error;
     }
   }
 
@@ -899,6 +998,7 @@ export class GroupMember {
           await this.#ring("gone", gone);
         }
       }
+      await this.#unmuteBell();
       const sentAt = clock();
       this.#tickStartedAt = sentAt;
       this.#joinHeard = false;
@@ -945,7 +1045,8 @@ export class GroupMember {
       }
       const assignment = this.#assignLive(seen, new Set(free));
       const target = new Set(assignment.byMember.get(this.#memberId) ?? []);
-      this.#watcher?.watch(nextInRing(assignment.members, this.#memberId));
+      this.#countLongFree(free, assignment);
+      this.#watcher?.watch(nextInRing(this.#ringMembers!, this.#memberId));
       if (this.#starved(seen, target, others)) {
         await this.#rejoin();
         continue;
@@ -1027,12 +1128,9 @@ export class GroupMember {
         const gotSet = new Set(got);
         for (const k of rescue) {
           if (!gotSet.has(k)) continue;
-          const hold = this.#rescued.get(k)?.hold ?? RESCUE_HOLD_TICKS;
-          this.#rescued.set(k, {
-            under: this.#membersKey,
-            until: this.#tick + hold,
-            hold: Math.min(2 * hold, RESCUE_MAX_HOLD_TICKS),
-          });
+          const episodes = this.#longFree.get(k)?.episodes ?? 1;
+          const hold = Math.min(RESCUE_HOLD_TICKS * 2 ** (episodes - 1), RESCUE_MAX_HOLD_TICKS);
+          this.#rescued.set(k, { under: this.#membersKey, until: this.#tick + hold });
         }
       }
 
@@ -1115,7 +1213,9 @@ export class GroupMember {
           (target.has(k) || sweeping())
         );
       }
-      if (!takeover) this.#prepareSpare(assignment.members);
+      if (!takeover) {
+        this.#prepareSpare(assignment.members, nextInRing(this.#ringMembers!, this.#memberId));
+      }
       await sleep(nextTick - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
       if (this.#sessionLost.aborted && !this.#stop.signal.aborted) {
         throw new SessionEnded(this.#owner.lastError);
@@ -1149,7 +1249,7 @@ export class GroupMember {
       ...seen.filter((k) => !share.has(k)),
     ];
     if (theirs.length === 0) return;
-    for (const k of await this.#acquire(theirs)) {
+    for (const k of await this.#acquire(theirs, false, true)) {
       this.#adoptedUntil.set(k, this.#tick + TAKEOVER_TICKS + 1);
       this.#earlyBack.delete(k);
     }
@@ -1330,9 +1430,43 @@ export class GroupMember {
     return this.#config.clock() - streak.since >= (ticks - 1) * this.#config.healthIntervalMs;
   }
 
-  /** Computes {@linkcode #spare} for `members` (ascending) without the next in the ring. */
-  #prepareSpare(members: readonly number[]): void {
-    const next = nextInRing(members, this.#memberId);
+  /**
+   * Counts the long-free episodes of `free` under the current membership (see
+   * {@linkcode #longFree}) and sets {@linkcode #ringMembers}.
+   */
+  #countLongFree(free: readonly number[], assignment: Assignment): void {
+    const under = this.#membersKey;
+    const long = this.#config.adoptAfterTicks + RESCUE_EXTRA_TICKS;
+    for (const k of free) {
+      const entry = this.#longFree.get(k);
+      if (!this.#lasted(this.#freeStreak.get(k), long)) {
+        if (entry) entry.open = false;
+      } else if (entry === undefined || entry.under !== under) {
+        this.#longFree.set(k, { under, episodes: 1, open: true });
+      } else if (!entry.open) {
+        entry.episodes++;
+        entry.open = true;
+      }
+    }
+    const notTaking = new Set<number>();
+    for (const [k, { under: at }] of [...this.#longFree]) {
+      if (at !== under) {
+        this.#longFree.delete(k);
+        continue;
+      }
+      const owner = assignment.ownerOf.get(k);
+      if (owner !== undefined && owner !== this.#memberId) notTaking.add(owner);
+    }
+    this.#ringMembers = notTaking.size === 0
+      ? assignment.members
+      : assignment.members.filter((m) => !notTaking.has(m));
+  }
+
+  /**
+   * Computes {@linkcode #spare} for `members` (ascending) without `next`, the member the watcher
+   * follows.
+   */
+  #prepareSpare(members: readonly number[], next: number | undefined): void {
     if (next === undefined) {
       this.#spare = undefined;
       return;
@@ -1388,9 +1522,14 @@ export class GroupMember {
    * @param yielding A tick's try-locks of its share: they stop after the chunk in flight when a
    *   member joins (its bell) or goes (its watcher), and {@linkcode #untried} says which were
    *   not tried.
+   * @param halves A gone member's shards, taken all at once: two statements instead of chunks
+   *   of {@linkcode ACQUIRE_CHUNK}, the first with {@linkcode TAKEOVER_FIRST_PART} of `keys`
+   *   (those most likely free come first). The median shard is then led after one statement
+   *   instead of after half the chunks, and the last after two: each statement costs a fixed
+   *   part (a round trip, the token's WAL write) besides its try-locks.
    * @returns The shards taken.
    */
-  async #acquire(keys: readonly number[], yielding = false): Promise<number[]> {
+  async #acquire(keys: readonly number[], yielding = false, halves = false): Promise<number[]> {
     // Never a shard this session holds (ACQUIRE does not check: a second lock would need a
     // second unlock): those led, waiting out a lease, or draining after a move.
     const todo = keys.filter((k) =>
@@ -1401,8 +1540,13 @@ export class GroupMember {
     if (this.#fullSince !== undefined && this.#tick - this.#fullSince < FULL_RETRY_TICKS) return [];
     const { key1, settleMs, clock } = this.#config;
     const chunks: number[][] = [];
-    for (let i = 0; i < todo.length; i += ACQUIRE_CHUNK) {
-      chunks.push(todo.slice(i, i + ACQUIRE_CHUNK));
+    if (halves && todo.length > ACQUIRE_CHUNK) {
+      const first = Math.ceil(todo.length * TAKEOVER_FIRST_PART);
+      chunks.push(todo.slice(0, first), todo.slice(first));
+    } else {
+      for (let i = 0; i < todo.length; i += ACQUIRE_CHUNK) {
+        chunks.push(todo.slice(i, i + ACQUIRE_CHUNK));
+      }
     }
     const taken: { key2: number; token: bigint }[] = [];
     // Pipelined (not with takeover "safe", which checks the whole grant at once): each chunk's
@@ -1490,7 +1634,16 @@ export class GroupMember {
     }
     if (taken.length === 0) return [];
     // A shard whose previous holder's session died (killed backend) may still be claimed by that
-    // holder until its socket reports the end: wait before announcing.
+    // holder until its socket reports the end: wait before announcing. Pipelined, each chunk at
+    // the end of its own settle (the first chunks' settle ends before the last's: announced with
+    // it, the median shard of a takeover waited one statement more).
+    while (pipelined && due.length > 0 && announced < taken.length) {
+      const wait = due[0]!.readyAt - clock();
+      if (wait > 0) await sleep(wait, [this.#stop.signal, this.#sessionLost]);
+      if (this.#sessionLost.aborted || this.#stop.signal.aborted || !this.#lease.valid) break;
+      announceDue();
+      this.#unannounced = taken.slice(announced).map((t) => t.key2);
+    }
     const wait = settleMs > 0 ? Math.max(0, answeredAt + settleMs - clock()) : 0;
     if (announced < taken.length && wait > 0) {
       await sleep(wait, [this.#stop.signal, this.#sessionLost]);

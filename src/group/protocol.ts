@@ -191,6 +191,17 @@ export function listenStatement(key1: number): string {
 }
 
 /**
+ * The UNLISTEN statement for group key1's bell: a member stops listening for a while when the
+ * channel is flooded (anyone with CONNECT can notify on it).
+ *
+ * @param key1 The group's key1.
+ * @returns The statement.
+ */
+export function unlistenStatement(key1: number): string {
+  return `UNLISTEN "${bellChannel(key1)}"`;
+}
+
+/**
  * What anyone with CONNECT can see of group key1 = `$1`: every granted lock of the group with
  * its form (objsubid 1 = member, 2 = shard), key, holder pid and the holder's application_name
  * (visible for other roles' sessions too).

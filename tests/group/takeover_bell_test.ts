@@ -7,7 +7,8 @@
  */
 import assert from "node:assert/strict";
 import { startPostgres, type TestPostgres } from "../../testing.ts";
-import { bellChannel } from "../../src/group/protocol.ts";
+import { bellChannel, memberKey } from "../../src/group/protocol.ts";
+import { assignShards } from "../../src/group/balance.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { isBalanced, MemberProcess, viewGroup, waitForView } from "./_harness.ts";
 
@@ -19,12 +20,17 @@ const SETTLE_MS = 50;
 const FAST_MS = 500;
 
 /** Three member processes over N shards, balanced; disposed afterwards. */
-function threeMembers(dsn: string, key1: number, takeover: "fast" | "safe" = "fast") {
+function threeMembers(
+  dsn: string,
+  key1: number,
+  takeover: "fast" | "safe" = "fast",
+  healthIntervalMs = HEALTH_MS,
+) {
   const options = {
     dsn,
     key1,
     shards: N,
-    healthIntervalMs: HEALTH_MS,
+    healthIntervalMs,
     leaseMs: LEASE_MS,
     settleMs: SETTLE_MS,
     takeover,
@@ -136,6 +142,74 @@ Deno.test({
   } finally {
     forging = false;
     await flood;
+    await forger.end();
+  }
+});
+
+Deno.test({
+  name:
+    "A forged member lock between a member and the member before it in the ring, in a session " +
+    "that holds a shard, does not take that member's watcher: its SIGKILL is taken over at once",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  await using pg = await startPostgres();
+  const key1 = 5757;
+  const healthIntervalMs = 1000;
+  await using group = threeMembers(pg.dsn, key1, "fast", healthIntervalMs);
+  await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced");
+  const ids = group.all.map((m) => m.records.find((r) => r.type === "ready")?.memberId as number);
+  const sorted = [...ids].sort((a, b) => a - b);
+  // A victim whose predecessor in the ring is not the id right below it (ids are random uint32).
+  const victimId = sorted.find((id, i) => id - 1 !== sorted.at(i - 1) && id > 0)!;
+  const victim = group.all[ids.indexOf(victimId)]!;
+  const forgedId = victimId - 1;
+  const forgedShare = assignShards(
+    Array.from({ length: N }, (_, k) => k),
+    [...ids, forgedId],
+  ).byMember.get(forgedId)!;
+  const forger = new PgClient({ connectionString: pg.dsn });
+  forger.on("error", () => {});
+  await forger.connect();
+  try {
+    await forger.query(`SELECT pg_advisory_lock(${memberKey(key1, forgedId)})`);
+    // The members hand the forged member its share; the forger takes one shard of it, so that it
+    // is never counted absent, and takes no more.
+    let held: number | undefined;
+    for (const end = performance.now() + 20_000; held === undefined;) {
+      assert.ok(performance.now() < end, "the forger took a shard of its share");
+      for (const k of forgedShare) {
+        const { rows: [row] } = await forger.query(
+          `SELECT pg_try_advisory_lock(${key1}, ${k}) AS ok`,
+        );
+        if (row?.ok === true) {
+          held = k;
+          break;
+        }
+      }
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+    const waiting = async (memberId: number) =>
+      (await pg.query(
+        `SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+            AND ((classid::int8 << 32) | objid::int8) = $1::int8`,
+        [memberKey(key1, memberId)],
+      )).length > 0;
+    const waitFor = async (memberId: number, what: string, watched = true) => {
+      for (const end = performance.now() + 20_000; (await waiting(memberId)) !== watched;) {
+        assert.ok(performance.now() < end, what);
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+    };
+    // The member before it in the ring first watches the forged member (a member like any
+    // other), and once the forged member's share was seen long free (adoptAfterTicks + 3 ticks),
+    // the victim again.
+    await waitFor(forgedId, "a watcher waits on the forged member lock");
+    await waitFor(victimId, "nobody waits on the victim (the watcher moved on)", false);
+    await waitFor(victimId, "a watcher waits on the victim's member lock again");
+    const ms = await killAndTime(pg, key1, victim);
+    assert.ok(ms < FAST_MS, `led again ${Math.round(ms)} ms after the SIGKILL (a tick: 1 s)`);
+  } finally {
     await forger.end();
   }
 });
