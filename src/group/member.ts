@@ -4,7 +4,8 @@
  * Every health interval the member runs one tick:
  * 1. OBSERVE (one read of pg_locks): proves every held shard still held, reads the live members
  *    and which shards others hold. Success renews the lease of every held shard at once.
- * 2. Computes the balanced assignment for the members that lead (balance.ts). Coverage comes
+ * 2. Computes the balanced assignment for the members that lead (balance.ts: from the member set,
+ *    then kept where the shards are, so that a join or an end moves only what it must). Coverage comes
  *    before balance: a member id whose session holds no shard of the group at `adoptAfterTicks`
  *    (A) consecutive ticks (spanning A - 1 health intervals: ticks come sooner after a wake)
  *    while a shard assigned to it has been free that long (an unrelated advisory lock that
@@ -70,7 +71,7 @@ import type { TakeoverMode } from "../engine/config.ts";
 import { FALLBACK_DELAY_MS, RetrySeries } from "../engine/retry_series.ts";
 import type { LockSession, SessionConnector } from "../engine/session.ts";
 import { DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
-import { type Assignment, assignShards, fairShare, score } from "./balance.ts";
+import { type Assignment, assignShards, fairShare, keepHolding, score } from "./balance.ts";
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
@@ -308,6 +309,11 @@ export class GroupMember {
   #memberId: number;
   #joined = false;
   #assignment: Assignment | undefined;
+  /**
+   * The assignment of the last tick: {@linkcode #assignment} (from the member set alone) kept
+   * where the shards are (balance.ts, keepHolding).
+   */
+  #current: Assignment | undefined;
   #membersKey = "";
   /**
    * The assignment without the member this one watches (the next in the ring), computed ahead
@@ -1077,6 +1083,10 @@ export class GroupMember {
           (this.#earlyBack.has(k) && ownerWorks(k)))
       );
       for (const k of handOver) this.#earlyBack.delete(k);
+      // An adopted shard the assignment now gives this member (it keeps what it holds, up to its
+      // quota) goes back to nobody: no sooner ticks for it (three members ticked four times a
+      // second for good once the start was over).
+      for (const k of this.#earlyBack) if (target.has(k)) this.#earlyBack.delete(k);
       this.#releaseTerms(handOver, "rebalance");
       // A graceful move: the moved shards stay locked while their work drains (the face's
       // drain, bounded by the lease less a health interval); the ticks go on meanwhile (the
@@ -1240,7 +1250,7 @@ export class GroupMember {
     const seen: number[] = [];
     for (const [k, holder] of this.#lastHolderOf) if (holder === pid) seen.push(k);
     const share = new Set(
-      this.#assignment?.members.includes(gone) ? this.#assignment.byMember.get(gone) : [],
+      this.#current?.members.includes(gone) ? this.#current.byMember.get(gone) : [],
     );
     const seenSet = new Set(seen);
     const theirs = [
@@ -1347,7 +1357,8 @@ export class GroupMember {
    * unrelated advisory lock that looks like a member, a forged member lock, a member that cannot
    * take its shards), or for two ticks more while others held its share (members whose views
    * count it absent already), is left out until its session holds a shard, so that the others
-   * lead its share instead of leaving it unowned.
+   * lead its share instead of leaving it unowned. The assignment keeps the shards where they are
+   * (balance.ts, keepHolding): each member keeps what it holds up to its quota.
    */
   #assignLive(seen: Observation, free: ReadonlySet<number>): Assignment {
     const ids = new Set(seen.members.map((m) => m.memberId));
@@ -1362,7 +1373,21 @@ export class GroupMember {
       if (this.#tick - at > HANDOVER_GRACE_TICKS) this.#handedOverAt.delete(k);
     }
     const mine = new Set(seen.mine);
-    let assignment = this.#assign(live());
+    // Who holds what among the members that lead: the assignment keeps it where it is.
+    const idOf = new Map(seen.members.map((m) => [m.pid, m.memberId]));
+    const holderOf = new Map<number, number>();
+    // Not a shard it rescued beyond its fair share and keeps for now: counted in its quota, it
+    // would make another of its shards the one to hand over (to the member that does not take
+    // its share, the reason for the rescue), a gap for a new shard each time.
+    for (const k of seen.mine) {
+      if ((this.#rescued.get(k)?.until ?? 0) <= this.#tick) holderOf.set(k, this.#memberId);
+    }
+    for (const [k, pid] of seen.holderOf) {
+      const id = idOf.get(pid);
+      if (id !== undefined) holderOf.set(k, id);
+    }
+    const kept = () => keepHolding(this.#assign(live()), holderOf);
+    let assignment = kept();
     let changed = false;
     for (const m of live()) {
       if (m.memberId === this.#memberId) continue;
@@ -1392,7 +1417,8 @@ export class GroupMember {
         this.#idleStreak.delete(m.memberId);
       }
     }
-    if (changed) assignment = this.#assign(live());
+    if (changed) assignment = kept();
+    this.#current = assignment;
     return assignment;
   }
 

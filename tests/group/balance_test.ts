@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { assignShards, fairShare } from "../../src/group/balance.ts";
+import { assignShards, fairShare, keepHolding } from "../../src/group/balance.ts";
 
 /** A deterministic stream of uint32 member ids. */
 function ids(count: number, seed: number): number[] {
@@ -73,4 +73,83 @@ Deno.test("assignShards refuses a repeated shard or member", () => {
   assert.throws(() => assignShards([1, 1], [1]), RangeError);
   assert.throws(() => assignShards([1, 2], [3, 3]), RangeError);
   assert.equal(assignShards([1, 2], []).ownerOf.size, 0);
+});
+
+/** The steady state of `members`: their assignment kept where it is. */
+function settled(shards: number[], members: number[]) {
+  const base = assignShards(shards, members);
+  return keepHolding(base, base.ownerOf);
+}
+
+Deno.test("keepHolding moves only the joiner's quota on a join, and only the gone member's shards when one goes", () => {
+  let joinMoved = 0;
+  let joinMin = 0;
+  for (const [n, m] of [[10, 3], [100, 3], [1000, 3], [1000, 10], [4099, 7]] as const) {
+    const shards = range(n);
+    for (let trial = 0; trial < 10; trial++) {
+      const members = ids(m + 1, n * 1000 + m * 10 + trial);
+      const before = settled(shards, members.slice(0, m));
+      const joiner = members[m]!;
+      const after = keepHolding(assignShards(shards, members), before.ownerOf);
+      const moved = moves(shards, before, after);
+      // Everything moved went to the joiner, and nothing more than its quota.
+      assert.equal(moved, after.byMember.get(joiner)!.length, `N=${n} M=${m}: join`);
+      for (const s of shards) {
+        if (before.ownerOf.get(s) !== after.ownerOf.get(s)) {
+          assert.equal(after.ownerOf.get(s), joiner);
+        }
+      }
+      joinMoved += moved;
+      joinMin += Math.floor(n / (m + 1));
+      // One member goes: only its shards move.
+      const gone = members[trial % (m + 1)]!;
+      const held = new Map([...after.ownerOf].filter(([, id]) => id !== gone));
+      const rest = members.filter((id) => id !== gone);
+      const without = keepHolding(assignShards(shards, rest), held);
+      assert.equal(
+        moves(shards, after, without),
+        after.byMember.get(gone)!.length,
+        `N=${n} M=${m}: end`,
+      );
+      const { min, max } = fairShare(n, m);
+      for (const list of without.byMember.values()) {
+        assert.ok(list.length >= min && list.length <= max, `N=${n} M=${m}: ${list.length}`);
+      }
+    }
+  }
+  // The joiner's quota is floor or ceil: within 2 % of the minimum here.
+  assert.ok(joinMoved <= joinMin * 1.02, `${joinMoved} moved, minimum ${joinMin}`);
+});
+
+Deno.test("keepHolding applied to its own result changes nothing, and two views of the same holdings agree", () => {
+  const shards = range(1000);
+  const members = ids(6, 77);
+  const before = settled(shards, members.slice(0, 5));
+  const after = keepHolding(assignShards(shards, members), before.ownerOf);
+  const again = keepHolding(assignShards(shards, members), after.ownerOf);
+  assert.equal(moves(shards, after, again), 0);
+  // The same holdings listed in another order give the same assignment.
+  const reversed = new Map([...before.ownerOf].reverse());
+  const other = keepHolding(assignShards(shards, [...members].reverse()), reversed);
+  assert.equal(moves(shards, after, other), 0);
+});
+
+Deno.test("keepHolding gives free shards and those of non-members to members with room, each one owner", () => {
+  const shards = range(500);
+  const members = ids(4, 5);
+  // Half the shards held by one member, some by an id that is no member, the rest free.
+  const held = new Map<number, number>();
+  for (const s of shards.slice(0, 250)) held.set(s, members[0]!);
+  for (const s of shards.slice(250, 300)) held.set(s, 12345);
+  const a = keepHolding(assignShards(shards, members), held);
+  const { min, max } = fairShare(500, 4);
+  let total = 0;
+  for (const list of a.byMember.values()) {
+    assert.ok(list.length >= min && list.length <= max, `${list.length}`);
+    total += list.length;
+  }
+  assert.equal(total, 500);
+  // The member that held 250 keeps its quota of them.
+  const kept = a.byMember.get(members[0]!)!.filter((s) => s < 250).length;
+  assert.equal(kept, a.byMember.get(members[0]!)!.length);
 });
