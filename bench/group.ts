@@ -54,7 +54,10 @@ const outDir = only ? new URL(`file://${Deno.makeTempDirSync()}/`) : new URL(
 interface GroupRow {
   shards: number;
   members: number;
+  /** Server sessions of the members once the start's watcher moves are over (see the notes). */
   connections: number;
+  /** The same, counted the moment the group was first balanced. */
+  connectionsAtBalanced: number;
   statementsPerSecondIdle: number;
   startToBalancedMs: number;
   lastReadyToBalancedMs: number;
@@ -176,10 +179,13 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
     const lastReady = Math.max(
       ...all.map((p) => p.records.find((r) => r.type === "ready")?.t ?? balancedAt),
     );
-    const conns = await connections(pg, prefix);
+    const connsAtBalanced = await connections(pg, prefix);
     // Idle is the steady state: after the watchers' make-before-break moves of the start
-    // (each waits SWITCH_GRACE_MS), which open sessions and so run statements.
+    // (each waits SWITCH_GRACE_MS), which open sessions and so run statements. A watcher that
+    // moves closes its old session before it opens the next, but the server shows the old one
+    // until it notices: connections are counted then too.
     await new Promise((resolve) => setTimeout(resolve, SWITCH_GRACE_MS + 1000));
+    const conns = await connections(pg, prefix);
     const idle = await idleRate(pg, prefix);
     const heap = m === 1 ? await heapOf(all[0]!) : null;
 
@@ -286,6 +292,7 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
       shards: n,
       members: m,
       connections: conns,
+      connectionsAtBalanced: connsAtBalanced,
       statementsPerSecondIdle: Math.round(idle * 10) / 10,
       startToBalancedMs: Math.round(balancedAt - t0),
       lastReadyToBalancedMs: Math.round(balancedAt - lastReady),
@@ -502,6 +509,11 @@ load average at the end ${env.loadavg.map((l) => l.toFixed(2)).join(" ")}${
 }. Library defaults: healthIntervalMs 1000, leaseMs 3000, settleMs 10, handoverPollMs 50. Every
 member is a separate Deno process; times include process start-up (about 100-300 ms).
 
+- connections: the members' server sessions (pg_stat_activity), counted ${
+  (SWITCH_GRACE_MS + 1000) / 1000
+} s after balanced; the JSON also has them the moment it was first balanced, when a watcher
+  session that a move closed may still show until the server notices (a watcher closes its old
+  session before it opens the next).
 - stmts/s idle: statements per second of all members (the server log), from ${
   (SWITCH_GRACE_MS + 1000) / 1000
 } s after balanced (once the watchers' moves of the start are done) for ${IDLE_WINDOW_MS / 1000} s.

@@ -380,6 +380,11 @@ export class GroupMember {
    * next tick). This member is always in it.
    */
   #ringMembers: readonly number[] | undefined;
+  /**
+   * Backend pids of the members that held more than their quota at the last tick (one that took
+   * a gone member's shards over): their `released` bell starts a tick, not only a poll.
+   */
+  #overQuota = new Set<number>();
   /** The group's shards as a set, for the observation's filter. */
   readonly #shardSet: ReadonlySet<number>;
   /** Consecutive ticks this member held nothing while others held all of its share. */
@@ -740,6 +745,10 @@ export class GroupMember {
       if (bell.kind === "left" && this.#config.takeover === "safe") this.#noteLeft(pid);
       if (bell.kind === "released") {
         this.#pollNow.abort();
+        // A member that held more than its quota (it took a gone member's shards over) hands
+        // the rest over: which of them come here is known only from a view after its take
+        // (the polls are for what the last view said), so look now.
+        if (this.#config.takeover !== "safe" && this.#overQuota.has(pid)) this.#bellWake();
         return;
       }
       const members = this.#assignment?.members;
@@ -1053,6 +1062,7 @@ export class GroupMember {
       const assignment = this.#assignLive(seen, new Set(free));
       const target = new Set(assignment.byMember.get(this.#memberId) ?? []);
       this.#countLongFree(free, assignment);
+      this.#noteOverQuota(seen, assignment);
       this.#watcher?.watch(nextInRing(this.#ringMembers!, this.#memberId));
       if (this.#starved(seen, target, others)) {
         await this.#rejoin();
@@ -1461,6 +1471,17 @@ export class GroupMember {
   #lasted(streak: Streak | undefined, ticks: number): boolean {
     if (streak === undefined || streak.ticks < ticks) return false;
     return this.#config.clock() - streak.since >= (ticks - 1) * this.#config.healthIntervalMs;
+  }
+
+  /** Sets {@linkcode #overQuota} from a tick's view. */
+  #noteOverQuota(seen: Observation, assignment: Assignment): void {
+    const held = new Map<number, number>();
+    for (const pid of seen.holderOf.values()) held.set(pid, (held.get(pid) ?? 0) + 1);
+    this.#overQuota = new Set();
+    for (const { memberId, pid } of seen.members) {
+      const quota = assignment.byMember.get(memberId)?.length;
+      if (quota !== undefined && (held.get(pid) ?? 0) > quota) this.#overQuota.add(pid);
+    }
   }
 
   /**

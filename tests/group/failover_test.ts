@@ -78,6 +78,23 @@ Deno.test({
     const [c1, c2, c3] = [spawn("c1"), spawn("c2"), spawn("c3")];
     await t.step("three members balance, each with one watcher session", async () => {
       await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced");
+      // And the ring is closed: every member's lock is waited on by a watcher (balance can come
+      // before the watchers' moves of the start are over: each waits a grace before it moves).
+      await until(
+        async () =>
+          Number(
+            (await pg.query(
+              `SELECT count(DISTINCT w.objid)::int AS n FROM pg_locks AS w JOIN pg_locks AS h
+                 ON h.locktype = 'advisory' AND h.granted AND h.objsubid = 1
+                AND h.classid = w.classid AND h.objid = w.objid
+              WHERE w.locktype = 'advisory' AND NOT w.granted AND w.objsubid = 1
+                AND w.classid = $1::int4::oid`,
+              [key1],
+            ))[0]?.n,
+          ) === 3,
+        10_000,
+        "a watcher waiting on every member",
+      );
       // A watcher that moves to a new neighbour closes its old session first, which the server
       // shows until it notices: wait for one session each.
       const expected = ["c1:watcher", "c2:watcher", "c3:watcher"];
