@@ -372,7 +372,10 @@ export class GroupMember {
    * member sees the same streaks, so the rescue hold doubles per shard whoever rescues it, and the
    * member it is assigned to is known not to take its share (see {@linkcode #ringMembers}).
    */
-  readonly #longFree = new Map<number, { under: string; episodes: number; open: boolean }>();
+  readonly #longFree = new Map<
+    number,
+    { under: string; episodes: number; open: boolean; owner: number | undefined }
+  >();
   /**
    * The members whose ring the watcher follows: the assignment's, less those a shard of whose
    * share was seen long free under this membership (a forged member lock in a session that holds
@@ -1499,19 +1502,21 @@ export class GroupMember {
       if (!this.#lasted(this.#freeStreak.get(k), long)) {
         if (entry) entry.open = false;
       } else if (entry === undefined || entry.under !== under) {
-        this.#longFree.set(k, { under, episodes: 1, open: true });
+        this.#longFree.set(k, { under, episodes: 1, open: true, owner: assignment.ownerOf.get(k) });
       } else if (!entry.open) {
         entry.episodes++;
         entry.open = true;
+        entry.owner = assignment.ownerOf.get(k);
       }
     }
     const notTaking = new Set<number>();
-    for (const [k, { under: at }] of [...this.#longFree]) {
+    for (const [k, { under: at, owner }] of [...this.#longFree]) {
       if (at !== under) {
         this.#longFree.delete(k);
         continue;
       }
-      const owner = assignment.ownerOf.get(k);
+      // The member the shard was assigned to while it stayed free, not its owner now (the
+      // assignment keeps shards where they are: a rescuer that holds it may own it now).
       if (owner !== undefined && owner !== this.#memberId) notTaking.add(owner);
     }
     this.#ringMembers = notTaking.size === 0
