@@ -411,7 +411,7 @@ export class GroupMember {
   /** While the bell is silenced after a flood: until when (the member's clock). */
   #bellMutedUntil: number | undefined;
   /** When the bell was last silenced, and for how long (the next flood doubles it). */
-  #bellMute = { at: -Infinity, pauseMs: BELL_PAUSE_MS / 2 };
+  #bellMute: { at: number; pauseMs: number } | undefined;
   /** When the last tick began (the member's clock). */
   #tickStartedAt = -Infinity;
   /** A bell's wake deferred by {@linkcode #bellGapMs}. */
@@ -830,11 +830,11 @@ export class GroupMember {
    * pause is over (the tick after it listens again), and says so.
    */
   #muteBell(now: number): void {
-    const { pauseMs: last, at } = this.#bellMute;
+    const last = this.#bellMute;
     // A flood long after the last one starts over from the first pause.
-    const pauseMs = now - at > 2 * BELL_MAX_PAUSE_MS
+    const pauseMs = last === undefined || now - last.at > 2 * BELL_MAX_PAUSE_MS
       ? BELL_PAUSE_MS
-      : Math.min(2 * last, BELL_MAX_PAUSE_MS);
+      : Math.min(2 * last.pauseMs, BELL_MAX_PAUSE_MS);
     this.#bellMute = { at: now, pauseMs };
     this.#bellMutedUntil = now + pauseMs;
     const { key1 } = this.#config;
