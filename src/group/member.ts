@@ -57,6 +57,11 @@
  *    member look at its next tick or poll. A flood of notifications on the channel (anyone can
  *    notify) makes it stop listening for a while ({@linkcode BELL_FLOOD_PER_S}).
  *
+ * 9. Handovers skip the settle (`takeover: "fast"`): the bell after a RELEASE carries handover
+ *    notices naming the shards unlocked (protocol.ts, `handoverNotices`; their terms ended first).
+ *    A shard tried within {@linkcode HANDOVER_NOTICE_MS} of a notice from the session the last
+ *    view saw hold it, or whose notice arrives while its grant settles, is announced at once.
+ *
  * The member session never waits in PostgreSQL's lock queue, so none of its statements needs a
  * client-side timeout on a lock wait; each is bounded by the lease (the session is closed when it
  * passes). Only the watcher session waits, in `lock_timeout` windows.
@@ -88,6 +93,7 @@ import {
   type Observation,
   observe,
   parseBell,
+  parseHandover,
   release,
   ring,
   setUp,
@@ -228,6 +234,11 @@ const POLL_ALL_UP_TO = 8;
 const FULL_RETRY_TICKS = 5;
 /** "out of shared memory": the server's lock table is full. */
 const OUT_OF_SHARED_MEMORY = "53200";
+/**
+ * A handover notice counts for a try-lock sent at most this long after it arrived (LeaderLock's
+ * release marker has the same window): the shard may have passed through another holder since.
+ */
+export const HANDOVER_NOTICE_MS = 50;
 
 /** Consecutive ticks that saw something, and when the first of them did. */
 interface Streak {
@@ -272,6 +283,10 @@ export class GroupMember {
   #lastHolders: readonly number[] = [];
   /** The last tick's view: key2 -> the pid of the other session that held it. */
   #lastHolderOf: ReadonlyMap<number, number> = new Map();
+  /** The last tick's view: the member sessions' backend pids. */
+  #memberPids: ReadonlySet<number> = new Set();
+  /** The view of the tick before the last (a handover notice may name a shard freed between). */
+  #previousHolderOf: ReadonlyMap<number, number> = new Map();
   /** The last tick's view: member id -> backend pid. */
   #lastMemberPid: ReadonlyMap<number, number> = new Map();
   /** The member the watcher saw go: the next tick first tries the shards it held. */
@@ -402,6 +417,10 @@ export class GroupMember {
   #wake = new AbortController();
   /** Aborted when the bell says that another member unlocked shards: the next poll runs now. */
   #pollNow = new AbortController();
+  /** The handover notices heard in the last {@linkcode HANDOVER_NOTICE_MS} or so, oldest first. */
+  #notices: { readonly pid: number; readonly at: number; readonly keys: Set<number> }[] = [];
+  /** Aborted when a handover notice arrives: a settling grant looks whether it names its shards. */
+  #noticed = new AbortController();
   /** Whether a failed LISTEN was reported (once per member run). */
   #bellReported = false;
   /** Notifications on the bell's channel since {@linkcode #bellCountSince} (flood detection). */
@@ -706,9 +725,9 @@ export class GroupMember {
    * tick or poll. A bell that fails (a full lock table: a notification takes a lock) is no
    * error: the others see the same a little later.
    */
-  async #ring(kind: BellKind, memberId?: number): Promise<void> {
+  async #ring(kind: BellKind, memberId?: number, handedOver?: readonly number[]): Promise<void> {
     try {
-      await this.#query((s) => ring(s, this.#config.key1, kind, memberId));
+      await this.#query((s) => ring(s, this.#config.key1, kind, memberId, handedOver));
     } catch (error) {
       if (error instanceof SessionEnded || error instanceof LeaseExpired) throw error;
     }
@@ -740,6 +759,10 @@ export class GroupMember {
       }
       if (++this.#bellCount > BELL_FLOOD_PER_S) {
         this.#muteBell(now);
+        return;
+      }
+      if (payload.startsWith("handover:")) {
+        if (this.#config.takeover !== "safe") this.#noteHandover(pid, payload, now);
         return;
       }
       const bell = parseBell(payload);
@@ -829,6 +852,46 @@ export class GroupMember {
    * The bell's channel is flooded (see {@linkcode BELL_FLOOD_PER_S}): stops listening until the
    * pause is over (the tick after it listens again), and says so.
    */
+  /**
+   * Keeps a handover notice from backend `pid` (the server's word) for
+   * {@linkcode HANDOVER_NOTICE_MS}, and wakes a grant that settles meanwhile.
+   */
+  #noteHandover(pid: number, payload: string, now: number): void {
+    const keys = parseHandover(payload);
+    if (keys === undefined || keys.size === 0) return;
+    this.#dropOldNotices(now);
+    this.#notices.push({ pid, at: now, keys });
+    this.#noticed.abort();
+  }
+
+  #dropOldNotices(now: number): void {
+    const keep = 2 * HANDOVER_NOTICE_MS + this.#config.settleMs;
+    while (this.#notices.length > 0 && now - this.#notices[0]!.at > keep) this.#notices.shift();
+  }
+
+  /**
+   * Whether the grant of `key2`, by a statement sent at `sentAt`, was a handover: a notice came
+   * from the session the last view saw hold it (or the view before, when the last saw it free;
+   * from a member session, when neither saw another session hold it), at most
+   * {@linkcode HANDOVER_NOTICE_MS} before the statement was sent (or after, while the grant
+   * settles).
+   */
+  #handedOverByNotice(key2: number, sentAt: number): boolean {
+    if (this.#notices.length === 0) return false;
+    // A shard the last view saw free: the holder the view before saw (its release came between).
+    // Seen free or held by this member (it moved the shard to someone since): any member session.
+    const holder = this.#lastHolderOf.get(key2) ?? this.#previousHolderOf.get(key2);
+    for (const notice of this.#notices) {
+      if (
+        (holder === undefined ? this.#memberPids.has(notice.pid) : notice.pid === holder) &&
+        notice.at >= sentAt - HANDOVER_NOTICE_MS && notice.keys.has(key2)
+      ) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   #muteBell(now: number): void {
     const last = this.#bellMute;
     // A flood long after the last one starts over from the first pause.
@@ -931,6 +994,7 @@ export class GroupMember {
               key1,
               this.#joined ? "left" : "released",
               this.#joined ? this.#memberId : undefined,
+              held,
             ).catch(() => {});
           }),
           END_TIMEOUT_MS,
@@ -1058,8 +1122,10 @@ export class GroupMember {
       this.#prevOthers = this.#lastOthers;
       this.#prevHolders = this.#lastHolders;
       this.#lastOthers = others;
+      this.#previousHolderOf = this.#lastHolderOf;
       this.#lastHolderOf = seen.holderOf;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
+      this.#memberPids = new Set(this.#lastMemberPid.values());
       const holders: number[] = [];
       const leavers = new Set<number>();
       for (const pid of seen.holders) {
@@ -1564,7 +1630,14 @@ export class GroupMember {
 
   async #unlock(keys: number[]): Promise<void> {
     const notHeld = await this.#query((s) => release(s, this.#config.key1, keys));
-    await this.#ring("released");
+    // The shards' terms ended before the unlock (or they had none): their takers need no settle.
+    // Not those that were not held: whoever held them was not this session.
+    const unheld = new Set(notHeld);
+    await this.#ring(
+      "released",
+      undefined,
+      unheld.size ? keys.filter((k) => !unheld.has(k)) : keys,
+    );
     if (notHeld.length > 0) {
       this.#observer.error(
         new LockError(
@@ -1619,21 +1692,28 @@ export class GroupMember {
     const taken: { key2: number; token: bigint }[] = [];
     // Pipelined (not with takeover "safe", which checks the whole grant at once): each chunk's
     // shards are announced once their own settle has passed, between the answer of a later chunk
-    // and the next one's, while the server runs that one.
+    // and the next one's, while the server runs that one; those a handover notice names, at once.
     const pipelined = this.#config.takeover !== "safe";
-    /** The chunks answered and not announced yet: taken[..end] is due at `readyAt`. */
-    const due: { end: number; readyAt: number }[] = [];
-    let announced = 0;
+    /** The chunks answered and not announced yet, in the order of their answers. */
+    let due: { items: { key2: number; token: bigint }[]; sentAt: number; readyAt: number }[] = [];
+    const unannounced = () => due.flatMap((d) => d.items.map((t) => t.key2));
     const announceDue = () => {
       if (!pipelined || this.#sessionLost.aborted || this.#stop.signal.aborted) return;
       if (!this.#lease.valid) return;
       const now = clock();
-      while (due.length > 0 && due[0]!.readyAt <= now) {
-        const { end } = due.shift()!;
-        for (; announced < end; announced++) {
-          this.#announce(taken[announced]!.key2, taken[announced]!.token);
+      for (const chunk of due) {
+        if (chunk.readyAt <= now) {
+          for (const { key2, token } of chunk.items) this.#announce(key2, token);
+          chunk.items = [];
+        } else if (this.#notices.length > 0) {
+          chunk.items = chunk.items.filter(({ key2, token }) => {
+            if (!this.#handedOverByNotice(key2, chunk.sentAt)) return true;
+            this.#announce(key2, token);
+            return false;
+          });
         }
       }
+      due = due.filter((d) => d.items.length > 0);
     };
     const send = (chunk: number[]) => {
       const sentAt = clock();
@@ -1670,8 +1750,9 @@ export class GroupMember {
       answeredAt = clock();
       this.#lease.renew(sentAt);
       if (got.token !== undefined) {
-        for (const key2 of got.shards) taken.push({ key2, token: got.token });
-        due.push({ end: taken.length, readyAt: answeredAt + settleMs });
+        const items = got.shards.map((key2) => ({ key2, token: got.token! }));
+        taken.push(...items);
+        due.push({ items, sentAt, readyAt: answeredAt + settleMs });
       }
       // A member joined meanwhile (its bell): the share these try-locks take shrinks at the
       // next tick, which comes at once; the rest would only be handed over again (10 members
@@ -1682,7 +1763,7 @@ export class GroupMember {
       if (next !== undefined) request = send(next);
       else if (chunks.length > 0) this.#untried = new Set(chunks.flat());
       announceDue();
-      this.#unannounced = taken.slice(announced).map((t) => t.key2);
+      this.#unannounced = unannounced();
     }
     if (full === undefined) {
       this.#fullSince = undefined;
@@ -1705,21 +1786,25 @@ export class GroupMember {
     // holder until its socket reports the end: wait before announcing. Pipelined, each chunk at
     // the end of its own settle (the first chunks' settle ends before the last's: announced with
     // it, the median shard of a takeover waited one statement more).
-    while (pipelined && due.length > 0 && announced < taken.length) {
+    // A handover notice that arrives meanwhile ends the settle of the shards it names.
+    while (pipelined && due.length > 0) {
       const wait = due[0]!.readyAt - clock();
-      if (wait > 0) await sleep(wait, [this.#stop.signal, this.#sessionLost]);
+      if (this.#noticed.signal.aborted) this.#noticed = new AbortController();
+      if (wait > 0) {
+        await sleep(wait, [this.#stop.signal, this.#sessionLost, this.#noticed.signal]);
+      }
       if (this.#sessionLost.aborted || this.#stop.signal.aborted || !this.#lease.valid) break;
       announceDue();
-      this.#unannounced = taken.slice(announced).map((t) => t.key2);
+      this.#unannounced = unannounced();
     }
     const wait = settleMs > 0 ? Math.max(0, answeredAt + settleMs - clock()) : 0;
-    if (announced < taken.length && wait > 0) {
+    if (due.length > 0 && wait > 0) {
       await sleep(wait, [this.#stop.signal, this.#sessionLost]);
     }
     if (this.#sessionLost.aborted) throw new SessionEnded(this.#owner.lastError);
     if (this.#stop.signal.aborted) return []; // released by the shutdown, never announced
     if (!this.#lease.valid) throw new LeaseExpired();
-    let announce = taken.slice(announced);
+    let announce = due.flatMap((d) => d.items);
     if (this.#config.takeover === "safe") {
       const handedOver = await this.#handedOver(announce.map((t) => t.key2));
       const rest = announce;

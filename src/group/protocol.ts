@@ -153,16 +153,18 @@ SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) AS left_group
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)`;
 
 /**
- * Rings the group's bell: `pg_notify` on channel `$1` ({@linkcode bellChannel}) with payload
- * `$2` ({@linkcode parseBell}: `joined:<id>`, `released`, `left:<id>`, `gone:<id>` when a member's
- * watcher saw member id go), on the primary only (see RELEASE; a standby cannot
- * notify). Its own statement, sent after the JOIN, RELEASE or LEAVE it announces, because a
- * notification takes a lock at commit (PostgreSQL serialises notifying transactions with a lock
- * on the database), which fails when the server's lock table is full: the bell may fail, the
- * statements it announces must not.
+ * Rings the group's bell: one `pg_notify` on channel `$1` ({@linkcode bellChannel}) per payload
+ * in `$2` ({@linkcode parseBell}: `joined:<id>`, `released`, `left:<id>`, `gone:<id>` when a
+ * member's watcher saw member id go; after a release, also the {@linkcode handoverNotices} of the
+ * shards it unlocked), on the primary only (see RELEASE; a standby cannot notify). Its own
+ * statement, sent after the JOIN, RELEASE or LEAVE it announces, because a notification takes a
+ * lock at commit (PostgreSQL serialises notifying transactions with a lock on the database),
+ * which fails when the server's lock table is full: the bell may fail, the statements it
+ * announces must not. The notifications of one statement arrive together and in order.
  */
 export const BELL = `
-SELECT pg_catalog.pg_notify($1::pg_catalog.text, $2::pg_catalog.text)::pg_catalog.text AS rang
+SELECT pg_catalog.count(pg_catalog.pg_notify($1::pg_catalog.text, p.payload)) AS rang
+  FROM pg_catalog.unnest($2::pg_catalog.text[]) AS p(payload)
  WHERE NOT pg_catalog.pg_is_in_recovery()
    AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)`;
 
@@ -532,15 +534,92 @@ export function parseBell(payload: string): Bell | undefined {
  * @param key1 The group's key1.
  * @param kind What happened.
  * @param memberId The member that joined, left or went.
+ * @param handedOver Shards this session just unlocked on purpose, their terms over: sent as
+ *   {@linkcode handoverNotices} after the bell.
  */
 export async function ring(
   session: LockSession,
   key1: number,
   kind: BellKind,
   memberId?: number,
+  handedOver: readonly number[] = [],
 ): Promise<void> {
   const payload = memberId === undefined ? kind : `${kind}:${memberId >>> 0}`;
-  await session.query(BELL, [bellChannel(key1), payload]);
+  await session.query(BELL, [bellChannel(key1), [payload, ...handoverNotices(handedOver)]]);
+}
+
+/** The prefix of a handover notice's payload. */
+const HANDOVER = "handover:";
+/** The longest payload a notice is given (PostgreSQL refuses 8,000 bytes and more). */
+const NOTICE_MAX_CHARS = 7_900;
+/** Base64url: six bits a character, none of them needing quoting. */
+const DIGITS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+const DIGIT_VALUE = new Map([...DIGITS].map((c, i) => [c, i]));
+/** The widest key2 span one notice's bitmap covers. */
+const NOTICE_SPAN = (NOTICE_MAX_CHARS - HANDOVER.length - 12) * 6;
+/** The most notices one release sends (shards beyond them are announced after the settle). */
+const MAX_NOTICES = 8;
+
+/**
+ * The handover notices of shards a member unlocked on purpose (their terms ended before the
+ * unlock): `handover:<first key2>:<bitmap>`, bit i of the bitmap (base64url, six bits a
+ * character, lowest bit first) saying key2 = first + i. As many notices as the keys' span needs
+ * (one covers ~47,000 consecutive key2 values: 10,000 shards take one of 1,700 characters), at
+ * most eight: shards beyond them are not named (their takers settle, as without a notice).
+ *
+ * A member that receives one from the session its last view saw hold a shard, shortly before or
+ * while its own grant of that shard settles, announces the shard without the settle: a handover,
+ * as LeaderLock's release marker says (the settle covers a holder that has not heard its session
+ * end yet; a shard in a notice has no term left in its sender).
+ *
+ * @param keys The key2 values (int32).
+ * @returns The payloads, none longer than 7,900 characters, at most eight.
+ */
+export function handoverNotices(keys: readonly number[]): string[] {
+  const sorted = [...new Set(keys)].sort((a, b) => a - b);
+  const notices: string[] = [];
+  let i = 0;
+  while (i < sorted.length && notices.length < MAX_NOTICES) {
+    const first = sorted[i]!;
+    const bits: number[] = [];
+    for (; i < sorted.length && sorted[i]! - first < NOTICE_SPAN; i++) {
+      const bit = sorted[i]! - first;
+      bits[bit / 6 | 0] = (bits[bit / 6 | 0] ?? 0) | (1 << (bit % 6));
+    }
+    let text = "";
+    for (let c = 0; c < bits.length; c++) text += DIGITS[bits[c] ?? 0];
+    notices.push(`${HANDOVER}${first}:${text}`);
+  }
+  return notices;
+}
+
+/**
+ * Reads a {@linkcode handoverNotices} payload; `undefined` for anything else. Who sent it is the
+ * server's word (the notifying backend's pid), never the payload's.
+ *
+ * @param payload The notification's payload.
+ * @returns The key2 values it names.
+ */
+export function parseHandover(payload: string): Set<number> | undefined {
+  if (!payload.startsWith(HANDOVER) || payload.length > NOTICE_MAX_CHARS) return undefined;
+  const colon = payload.indexOf(":", HANDOVER.length);
+  const head = payload.slice(HANDOVER.length, colon);
+  if (colon < 0 || !/^-?[0-9]{1,10}$/.test(head)) return undefined;
+  const first = Number(head);
+  const keys = new Set<number>();
+  for (let c = colon + 1; c < payload.length; c++) {
+    const value = DIGIT_VALUE.get(payload[c]!);
+    if (value === undefined) return undefined;
+    for (let b = 0; b < 6; b++) {
+      if (value & (1 << b)) {
+        const key2 = first + c * 6 - (colon + 1) * 6 + b;
+        if (key2 < -0x80000000 || key2 > 0x7fffffff) return undefined;
+        keys.add(key2);
+      }
+    }
+  }
+  if (first < -0x80000000 || first > 0x7fffffff) return undefined;
+  return keys;
 }
 
 /** One member of a group as {@linkcode inspect} sees it. */

@@ -21,7 +21,12 @@ import {
 const N = 12;
 const HEALTH_MS = 200;
 const LEASE_MS = 1000;
-const SETTLE_MS = 10;
+// The takeover after a backend kill comes within milliseconds (the watcher), so the settle is all
+// that covers the old holder's delay in reading its socket (docs/fencing.md, "What the settle
+// cannot cover"): on this shared 2-core machine under the parallel suite that delay passed 10 ms
+// (overlaps of 1.7-3.1 ms, 2 runs in about 110, the takeover itself settled), as failover_test.ts
+// found before.
+const SETTLE_MS = 50;
 
 Deno.test({
   name:

@@ -1,0 +1,180 @@
+/**
+ * Handover notices on a real PostgreSQL: a member that unlocks shards on purpose (a leave, a move
+ * to a joiner) names them in its bell, and their takers announce them without the settle; a
+ * shard whose holder died is still announced only after it. The settle here (1 s) is far longer
+ * than a handover takes, so a shard announced before it was handed over, not settled.
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { startPostgres } from "../../testing.ts";
+import { until } from "../_helpers.ts";
+import { handoverNotices, parseHandover } from "../../src/group/protocol.ts";
+import { checkShards, isBalanced, MemberProcess, violations, waitForView } from "./_harness.ts";
+
+const N = 24;
+const HEALTH_MS = 1000;
+const LEASE_MS = 3000;
+const SETTLE_MS = 1000;
+
+Deno.test("handoverNotices names every shard in payloads PostgreSQL accepts, and parseHandover reads them back", () => {
+  const dense = Array.from({ length: 10_000 }, (_, i) => i).filter((k) => k % 3 !== 1);
+  const [one, ...more] = handoverNotices(dense);
+  assert.equal(more.length, 0);
+  assert.ok(one!.length < 8000, `${one!.length} characters`);
+  assert.deepEqual([...parseHandover(one!)!], dense);
+  // Keys far apart, negative and at the ends of int32 take one notice per span.
+  const wide = [2147483647, -2147483648, -5, 0, 3, 100_000];
+  const notices = handoverNotices(wide);
+  assert.equal(notices.length, 4);
+  assert.deepEqual(
+    notices.flatMap((p) => [...parseHandover(p)!]),
+    [-2147483648, -5, 0, 3, 100_000, 2147483647],
+  );
+  // At most eight notices: shards beyond them are not named (their takers settle).
+  const sparse = Array.from({ length: 20 }, (_, i) => i * 1_000_000);
+  assert.equal(handoverNotices(sparse).length, 8);
+  assert.deepEqual(handoverNotices([]), []);
+});
+
+Deno.test("parseHandover refuses payloads no member sends", () => {
+  for (
+    const payload of [
+      "released",
+      "handover:",
+      "handover:x:AB",
+      "handover:1:A B",
+      "handover:1:A*",
+      "handover:99999999999:A",
+      "handover:2147483647:C", // the second bit is key2 2^31: not an int32
+      `handover:0:${"A".repeat(8000)}`,
+    ]
+  ) {
+    assert.equal(parseHandover(payload), undefined, payload);
+  }
+});
+
+Deno.test({
+  name:
+    "A leave and a join hand their shards over without the settle, and a SIGKILLed member's shards still wait for it",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async (t) => {
+  await using pg = await startPostgres();
+  const key1 = 6161;
+  const options = {
+    dsn: pg.dsn,
+    key1,
+    shards: N,
+    healthIntervalMs: HEALTH_MS,
+    leaseMs: LEASE_MS,
+    settleMs: SETTLE_MS,
+  };
+  const all: MemberProcess[] = [];
+  const spawn = (name: string) => {
+    const member = new MemberProcess(name, { ...options, identity: name });
+    all.push(member);
+    return member;
+  };
+  const backendOf = (member: MemberProcess) =>
+    member.records.findLast((r) => r.type === "ready")?.backendPid as number;
+  /** The shards `member` leads by what it printed. */
+  const leading = (member: MemberProcess) => {
+    const led = new Set<number>();
+    for (const r of member.records) {
+      if (r.type === "acquired") led.add(r.key2!);
+      else if (r.type === "released" || r.type === "lost") led.delete(r.key2!);
+    }
+    return [...led];
+  };
+  /** Per shard `from` led before `since`: when `to` announced it after `since`. */
+  const takenBy = (to: MemberProcess, shards: readonly number[], since: number) =>
+    shards.map((k) =>
+      to.records.find((r) => r.type === "acquired" && r.key2 === k && r.t > since)?.t
+    );
+  try {
+    /** Balanced on the server and by what the members printed (a grant settles first). */
+    const balanced = async (members: MemberProcess[], what: string) => {
+      await waitForView(pg, key1, N, (v) => isBalanced(v, N, 2), 30_000, what);
+      await until(() => members.every((m) => leading(m).length === N / 2), 10_000, what);
+    };
+    const [a, b] = [spawn("a"), spawn("b")];
+    await balanced([a, b], "a and b balanced");
+
+    await t.step(
+      "a member that leaves: the other announces its shards before the settle",
+      async () => {
+        const theirs = leading(b);
+        assert.equal(theirs.length, N / 2);
+        const leftAt = performance.timeOrigin + performance.now();
+        await b.leave();
+        await until(
+          () => takenBy(a, theirs, leftAt).every((t) => t !== undefined),
+          10_000,
+          "a announced every shard b led",
+        );
+        const at = takenBy(a, theirs, leftAt);
+        for (const [i, t] of at.entries()) {
+          assert.ok(t !== undefined, `shard ${theirs[i]} announced by a`);
+          // The settle alone would be 1,000 ms after the grant.
+          assert.ok(t - leftAt < SETTLE_MS / 2, `shard ${theirs[i]}: ${Math.round(t - leftAt)} ms`);
+        }
+      },
+    );
+
+    const c = spawn("c");
+    await t.step(
+      "a member that joins: the shards moved to it are announced before the settle",
+      async () => {
+        await balanced([a, c], "a and c balanced");
+        const moved = c.records.filter((r) => r.type === "acquired").map((r) => r.key2!);
+        assert.equal(moved.length, N / 2);
+        for (const k of moved) {
+          const released = a.records.findLast((r) => r.type === "released" && r.key2 === k);
+          const acquired = c.records.find((r) => r.type === "acquired" && r.key2 === k)!;
+          assert.ok(released !== undefined, `a released shard ${k}`);
+          const ms = acquired.t - released.t;
+          assert.ok(ms < SETTLE_MS / 2, `shard ${k}: ${Math.round(ms)} ms after a released it`);
+        }
+      },
+    );
+
+    await t.step(
+      "a member that is SIGKILLed: its shards are announced a settle after the kill at the earliest",
+      async () => {
+        const theirs = leading(c);
+        assert.equal(theirs.length, N / 2);
+        await c.kill();
+        const killedAt = c.killedAt!;
+        await waitForView(
+          pg,
+          key1,
+          N,
+          (v) => v.unowned === 0 && !v.counts.has(backendOf(c)),
+          20_000,
+          "a leads all",
+        );
+        await waitForView(
+          pg,
+          key1,
+          N,
+          () => takenBy(a, theirs, killedAt).every((t) => t !== undefined),
+          20_000,
+          "a announced all",
+        );
+        for (const [i, t] of takenBy(a, theirs, killedAt).entries()) {
+          // Timers fire on time or late, never early: a little room for the two processes' clocks.
+          assert.ok(
+            t! - killedAt >= SETTLE_MS - 5,
+            `shard ${theirs[i]}: ${Math.round(t! - killedAt)} ms`,
+          );
+        }
+      },
+    );
+
+    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
+    assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
+  } finally {
+    await Promise.all(all.map((m) => m.dispose()));
+  }
+});
