@@ -285,6 +285,9 @@ export class GroupMember {
   #lastHolderOf: ReadonlyMap<number, number> = new Map();
   /** The last tick's view: the member sessions' backend pids. */
   #memberPids: ReadonlySet<number> = new Set();
+  /** The shards this session held at the last tick and the one before (see #handedOverByNotice). */
+  #lastMine: ReadonlySet<number> = new Set();
+  #previousMine: ReadonlySet<number> = new Set();
   /** The view of the tick before the last (a handover notice may name a shard freed between). */
   #previousHolderOf: ReadonlyMap<number, number> = new Map();
   /** The last tick's view: member id -> backend pid. */
@@ -872,15 +875,19 @@ export class GroupMember {
   /**
    * Whether the grant of `key2`, by a statement sent at `sentAt`, was a handover: a notice came
    * from the session the last view saw hold it (or the view before, when the last saw it free;
-   * from a member session, when neither saw another session hold it), at most
+   * from a member session, when those views saw only this member hold it), at most
    * {@linkcode HANDOVER_NOTICE_MS} before the statement was sent (or after, while the grant
    * settles).
    */
   #handedOverByNotice(key2: number, sentAt: number): boolean {
     if (this.#notices.length === 0) return false;
     // A shard the last view saw free: the holder the view before saw (its release came between).
-    // Seen free or held by this member (it moved the shard to someone since): any member session.
+    // Seen held by this member only (it moved the shard to someone since): any member session's
+    // notice. Never for a shard both views saw free: whoever took it since may have died.
     const holder = this.#lastHolderOf.get(key2) ?? this.#previousHolderOf.get(key2);
+    const movedFromHere = holder === undefined &&
+      (this.#lastMine.has(key2) || this.#previousMine.has(key2));
+    if (holder === undefined && !movedFromHere) return false;
     for (const notice of this.#notices) {
       if (
         (holder === undefined ? this.#memberPids.has(notice.pid) : notice.pid === holder) &&
@@ -1124,6 +1131,8 @@ export class GroupMember {
       this.#lastOthers = others;
       this.#previousHolderOf = this.#lastHolderOf;
       this.#lastHolderOf = seen.holderOf;
+      this.#previousMine = this.#lastMine;
+      this.#lastMine = mine;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
       this.#memberPids = new Set(this.#lastMemberPid.values());
       const holders: number[] = [];
