@@ -58,8 +58,9 @@
  *    notify) makes it stop listening for a while ({@linkcode BELL_FLOOD_PER_S}).
  *
  * 9. Handovers skip the settle (`takeover: "fast"`): the bell after a RELEASE carries handover
- *    notices naming the shards unlocked (protocol.ts, `handoverNotices`; their terms ended first).
- *    A shard tried within {@linkcode HANDOVER_NOTICE_MS} of a notice from the session the last
+ *    notices naming the shards unlocked (protocol.ts, `handoverNotices`; their terms ended first;
+ *    handover_notices.ts).
+ *    A shard tried within 50 ms (`HANDOVER_NOTICE_MS`) of a notice from the session the last
  *    view saw hold it, or whose notice arrives while its grant settles, is announced at once.
  *
  * The member session never waits in PostgreSQL's lock queue, so none of its statements needs a
@@ -80,6 +81,7 @@ import { type Assignment, assignShards, fairShare, keepHolding, score } from "./
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
+import { HandoverNotices } from "./handover_notices.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
 import {
   acquire,
@@ -93,7 +95,6 @@ import {
   type Observation,
   observe,
   parseBell,
-  parseHandover,
   release,
   ring,
   setUp,
@@ -234,11 +235,6 @@ const POLL_ALL_UP_TO = 8;
 const FULL_RETRY_TICKS = 5;
 /** "out of shared memory": the server's lock table is full. */
 const OUT_OF_SHARED_MEMORY = "53200";
-/**
- * A handover notice counts for a try-lock sent at most this long after it arrived (LeaderLock's
- * release marker has the same window): the shard may have passed through another holder since.
- */
-export const HANDOVER_NOTICE_MS = 50;
 
 /** Consecutive ticks that saw something, and when the first of them did. */
 interface Streak {
@@ -283,13 +279,6 @@ export class GroupMember {
   #lastHolders: readonly number[] = [];
   /** The last tick's view: key2 -> the pid of the other session that held it. */
   #lastHolderOf: ReadonlyMap<number, number> = new Map();
-  /** The last tick's view: the member sessions' backend pids. */
-  #memberPids: ReadonlySet<number> = new Set();
-  /** The shards this session held at the last tick and the one before (see #handedOverByNotice). */
-  #lastMine: ReadonlySet<number> = new Set();
-  #previousMine: ReadonlySet<number> = new Set();
-  /** The view of the tick before the last (a handover notice may name a shard freed between). */
-  #previousHolderOf: ReadonlyMap<number, number> = new Map();
   /** The last tick's view: member id -> backend pid. */
   #lastMemberPid: ReadonlyMap<number, number> = new Map();
   /** The member the watcher saw go: the next tick first tries the shards it held. */
@@ -420,10 +409,8 @@ export class GroupMember {
   #wake = new AbortController();
   /** Aborted when the bell says that another member unlocked shards: the next poll runs now. */
   #pollNow = new AbortController();
-  /** The handover notices heard in the last {@linkcode HANDOVER_NOTICE_MS} or so, oldest first. */
-  #notices: { readonly pid: number; readonly at: number; readonly keys: Set<number> }[] = [];
-  /** Aborted when a handover notice arrives: a settling grant looks whether it names its shards. */
-  #noticed = new AbortController();
+  /** Others' handover notices (`takeover: "fast"`): their shards are announced without the settle. */
+  readonly #notices: HandoverNotices;
   /** Whether a failed LISTEN was reported (once per member run). */
   #bellReported = false;
   /** Notifications on the bell's channel since {@linkcode #bellCountSince} (flood detection). */
@@ -485,6 +472,7 @@ export class GroupMember {
     this.#lease = new Lease(config.leaseMs, config.clock);
     this.#memberId = config.memberId >>> 0;
     this.#shardSet = new Set(config.shards);
+    this.#notices = new HandoverNotices(config.settleMs);
     this.#series = new RetrySeries(
       config.retryStrategy,
       config.clock,
@@ -765,7 +753,7 @@ export class GroupMember {
         return;
       }
       if (payload.startsWith("handover:")) {
-        if (this.#config.takeover !== "safe") this.#noteHandover(pid, payload, now);
+        if (this.#config.takeover !== "safe") this.#notices.hear(pid, payload, now);
         return;
       }
       const bell = parseBell(payload);
@@ -855,50 +843,6 @@ export class GroupMember {
    * The bell's channel is flooded (see {@linkcode BELL_FLOOD_PER_S}): stops listening until the
    * pause is over (the tick after it listens again), and says so.
    */
-  /**
-   * Keeps a handover notice from backend `pid` (the server's word) for
-   * {@linkcode HANDOVER_NOTICE_MS}, and wakes a grant that settles meanwhile.
-   */
-  #noteHandover(pid: number, payload: string, now: number): void {
-    const keys = parseHandover(payload);
-    if (keys === undefined || keys.size === 0) return;
-    this.#dropOldNotices(now);
-    this.#notices.push({ pid, at: now, keys });
-    this.#noticed.abort();
-  }
-
-  #dropOldNotices(now: number): void {
-    const keep = 2 * HANDOVER_NOTICE_MS + this.#config.settleMs;
-    while (this.#notices.length > 0 && now - this.#notices[0]!.at > keep) this.#notices.shift();
-  }
-
-  /**
-   * Whether the grant of `key2`, by a statement sent at `sentAt`, was a handover: a notice came
-   * from the session the last view saw hold it (or the view before, when the last saw it free;
-   * from a member session, when those views saw only this member hold it), at most
-   * {@linkcode HANDOVER_NOTICE_MS} before the statement was sent (or after, while the grant
-   * settles).
-   */
-  #handedOverByNotice(key2: number, sentAt: number): boolean {
-    if (this.#notices.length === 0) return false;
-    // A shard the last view saw free: the holder the view before saw (its release came between).
-    // Seen held by this member only (it moved the shard to someone since): any member session's
-    // notice. Never for a shard both views saw free: whoever took it since may have died.
-    const holder = this.#lastHolderOf.get(key2) ?? this.#previousHolderOf.get(key2);
-    const movedFromHere = holder === undefined &&
-      (this.#lastMine.has(key2) || this.#previousMine.has(key2));
-    if (holder === undefined && !movedFromHere) return false;
-    for (const notice of this.#notices) {
-      if (
-        (holder === undefined ? this.#memberPids.has(notice.pid) : notice.pid === holder) &&
-        notice.at >= sentAt - HANDOVER_NOTICE_MS && notice.keys.has(key2)
-      ) {
-        return true;
-      }
-    }
-    return false;
-  }
-
   #muteBell(now: number): void {
     const last = this.#bellMute;
     // A flood long after the last one starts over from the first pause.
@@ -1129,12 +1073,9 @@ export class GroupMember {
       this.#prevOthers = this.#lastOthers;
       this.#prevHolders = this.#lastHolders;
       this.#lastOthers = others;
-      this.#previousHolderOf = this.#lastHolderOf;
       this.#lastHolderOf = seen.holderOf;
-      this.#previousMine = this.#lastMine;
-      this.#lastMine = mine;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
-      this.#memberPids = new Set(this.#lastMemberPid.values());
+      this.#notices.view({ holderOf: seen.holderOf, mine, memberPids });
       const holders: number[] = [];
       const leavers = new Set<number>();
       for (const pid of seen.holders) {
@@ -1714,9 +1655,9 @@ export class GroupMember {
         if (chunk.readyAt <= now) {
           for (const { key2, token } of chunk.items) this.#announce(key2, token);
           chunk.items = [];
-        } else if (this.#notices.length > 0) {
+        } else if (this.#notices.any) {
           chunk.items = chunk.items.filter(({ key2, token }) => {
-            if (!this.#handedOverByNotice(key2, chunk.sentAt)) return true;
+            if (!this.#notices.handedOver(key2, chunk.sentAt)) return true;
             this.#announce(key2, token);
             return false;
           });
@@ -1798,9 +1739,9 @@ export class GroupMember {
     // A handover notice that arrives meanwhile ends the settle of the shards it names.
     while (pipelined && due.length > 0) {
       const wait = due[0]!.readyAt - clock();
-      if (this.#noticed.signal.aborted) this.#noticed = new AbortController();
+      this.#notices.rearm();
       if (wait > 0) {
-        await sleep(wait, [this.#stop.signal, this.#sessionLost, this.#noticed.signal]);
+        await sleep(wait, [this.#stop.signal, this.#sessionLost, this.#notices.arrived]);
       }
       if (this.#sessionLost.aborted || this.#stop.signal.aborted || !this.#lease.valid) break;
       announceDue();

@@ -1,0 +1,80 @@
+/**
+ * HandoverNotices, pure logic: which grants a member may announce without the settle.
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { HANDOVER_NOTICE_MS, HandoverNotices } from "../../src/group/handover_notices.ts";
+import { handoverNotices } from "../../src/group/protocol.ts";
+
+const notice = (...keys: number[]) => handoverNotices(keys)[0]!;
+
+/** A member (pid 10 itself) whose views saw pid 20 hold shard 1, itself hold 2, 3 free. */
+function heard(): HandoverNotices {
+  const notices = new HandoverNotices(10);
+  notices.view({
+    holderOf: new Map([[1, 20]]),
+    mine: new Set([2]),
+    memberPids: new Set([10, 20, 30]),
+  });
+  return notices;
+}
+
+Deno.test("A notice from the session the view saw hold the shard counts for a try-lock sent within 50 ms", () => {
+  const notices = heard();
+  assert.equal(notices.any, false);
+  assert.equal(notices.handedOver(1, 100), false);
+  notices.hear(20, notice(1, 3), 100);
+  assert.equal(notices.any, true);
+  assert.equal(notices.arrived.aborted, true);
+  assert.equal(notices.handedOver(1, 100 + HANDOVER_NOTICE_MS), true);
+  assert.equal(notices.handedOver(1, 100 + HANDOVER_NOTICE_MS + 1), false, "too old");
+  // Heard after the try-lock went out (while its grant settles): counts too.
+  assert.equal(notices.handedOver(1, 90), true);
+});
+
+Deno.test("A notice from another session than the view's holder, or naming another shard, does not count", () => {
+  const notices = heard();
+  notices.hear(30, notice(1), 100);
+  assert.equal(notices.handedOver(1, 100), false, "pid 30 did not hold shard 1");
+  notices.hear(20, notice(5), 100);
+  assert.equal(notices.handedOver(1, 100), false, "the notice names shard 5");
+  notices.hear(20, "released", 100);
+  notices.hear(20, "handover:x:A", 100);
+  assert.equal(notices.handedOver(1, 100), false);
+});
+
+Deno.test("A shard both views saw free always settles, even with a member session's notice", () => {
+  const notices = heard();
+  notices.hear(20, notice(3), 100);
+  notices.hear(30, notice(3), 100);
+  assert.equal(notices.handedOver(3, 100), false);
+});
+
+Deno.test("A shard this member moved away counts with a member session's notice only", () => {
+  const notices = heard();
+  notices.hear(99, notice(2), 100);
+  assert.equal(notices.handedOver(2, 100), false, "pid 99 is no member");
+  notices.hear(30, notice(2), 100);
+  assert.equal(notices.handedOver(2, 100), true);
+});
+
+Deno.test("The view before the last names the holder of a shard the last saw free", () => {
+  const notices = heard();
+  notices.view({ holderOf: new Map(), mine: new Set(), memberPids: new Set([10, 20, 30]) });
+  notices.hear(20, notice(1), 100);
+  assert.equal(notices.handedOver(1, 100), true);
+  notices.view({ holderOf: new Map(), mine: new Set(), memberPids: new Set([10, 20, 30]) });
+  assert.equal(notices.handedOver(1, 100), false, "two views without a holder: free");
+});
+
+Deno.test("rearm gives a fresh arrival signal once the last was aborted", () => {
+  const notices = heard();
+  const first = notices.arrived;
+  notices.rearm();
+  assert.equal(notices.arrived, first, "not aborted yet: the same signal");
+  notices.hear(20, notice(1), 100);
+  notices.rearm();
+  assert.notEqual(notices.arrived, first);
+  assert.equal(notices.arrived.aborted, false);
+});
