@@ -22,13 +22,9 @@ export const HANDOVER_NOTICE_MS = 50;
 export interface NoticeView {
   /** key2 -> the pid of the other session that held it. */
   readonly holderOf: ReadonlyMap<number, number>;
-  /** The shards this member's session held. */
-  readonly mine: ReadonlySet<number>;
-  /** The member sessions' backend pids. */
-  readonly memberPids: ReadonlySet<number>;
 }
 
-const NO_VIEW: NoticeView = { holderOf: new Map(), mine: new Set(), memberPids: new Set() };
+const NO_VIEW: NoticeView = { holderOf: new Map() };
 
 /** The handover notices a member heard lately, and the last two views they are checked against. */
 export class HandoverNotices {
@@ -86,11 +82,14 @@ export class HandoverNotices {
 
   /**
    * Whether the grant of `key2`, by a statement sent at `sentAt`, was a handover: a notice came
-   * from the session the last view saw hold it (or the view before, when the last saw it free;
-   * from any member session, when those views saw only this member hold it), at most
-   * {@linkcode HANDOVER_NOTICE_MS} before the statement was sent (or after, while the grant
-   * settles). Never for a shard both views saw free: whoever took it since may have died (and a
-   * forged member session notifying all the time must not make such grants skip the settle).
+   * from the session the last view saw hold it (or the view before, when the last saw it free),
+   * at most {@linkcode HANDOVER_NOTICE_MS} before the statement was sent (or after, while the
+   * grant settles). Never for a shard neither view saw another session hold (free, or this
+   * member's own that it moved away since): whoever took it since may have died, and any session
+   * can notify (an adversarial run: a foreign session holding a forged member lock and notifying
+   * every 4 ms made a member announce at once the shards of a member whose backend had just been
+   * terminated while it was frozen, 500 ms of overlap, when "any member session" counted for a
+   * shard moved away).
    *
    * @param key2 The shard.
    * @param sentAt When the try-lock statement was sent (the member's clock).
@@ -99,13 +98,10 @@ export class HandoverNotices {
   handedOver(key2: number, sentAt: number): boolean {
     if (this.#notices.length === 0) return false;
     const holder = this.#last.holderOf.get(key2) ?? this.#previous.holderOf.get(key2);
-    if (holder === undefined && !this.#last.mine.has(key2) && !this.#previous.mine.has(key2)) {
-      return false;
-    }
+    if (holder === undefined) return false;
     for (const notice of this.#notices) {
       if (
-        (holder === undefined ? this.#last.memberPids.has(notice.pid) : notice.pid === holder) &&
-        notice.at >= sentAt - HANDOVER_NOTICE_MS && notice.keys.has(key2)
+        notice.pid === holder && notice.at >= sentAt - HANDOVER_NOTICE_MS && notice.keys.has(key2)
       ) {
         return true;
       }

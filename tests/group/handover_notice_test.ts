@@ -9,7 +9,13 @@
 import assert from "node:assert/strict";
 import { startPostgres } from "../../testing.ts";
 import { until } from "../_helpers.ts";
-import { handoverNotices, parseHandover } from "../../src/group/protocol.ts";
+import {
+  bellChannel,
+  handoverNotices,
+  memberKey,
+  parseHandover,
+} from "../../src/group/protocol.ts";
+import { PgClient } from "../../src/testing/_pg.ts";
 import { checkShards, isBalanced, MemberProcess, violations, waitForView } from "./_harness.ts";
 
 const N = 24;
@@ -106,6 +112,8 @@ Deno.test({
       async () => {
         const theirs = leading(b);
         assert.equal(theirs.length, N / 2);
+        // a moved b's shards to b: a notice counts once a's own view (a tick) saw b hold them.
+        await new Promise((resolve) => setTimeout(resolve, 2 * HEALTH_MS));
         const leftAt = performance.timeOrigin + performance.now();
         await b.leave();
         await until(
@@ -175,6 +183,85 @@ Deno.test({
     await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
     assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
   } finally {
+    await Promise.all(all.map((m) => m.dispose()));
+  }
+});
+
+Deno.test({
+  name:
+    "Forged handover notices from a session with a forged member lock do not make a member skip the settle of a terminated member's shards",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  // An adversarial run found it: a member announced at once the shards it had moved to a member
+  // whose backend was then terminated while it was frozen (500 ms of overlap), because a member
+  // session's notice counted for shards its own views saw as its own.
+  await using pg = await startPostgres();
+  const key1 = 6262;
+  const options = {
+    dsn: pg.dsn,
+    key1,
+    shards: N,
+    healthIntervalMs: HEALTH_MS,
+    leaseMs: LEASE_MS,
+    settleMs: SETTLE_MS,
+  };
+  const all: MemberProcess[] = [];
+  const forger = new PgClient({ connectionString: pg.dsn });
+  forger.on("error", () => {});
+  await forger.connect();
+  let forging = true;
+  let flood: Promise<void> = Promise.resolve();
+  try {
+    const b = new MemberProcess("b", { ...options, identity: "b" });
+    all.push(b);
+    await waitForView(pg, key1, N, (v) => isBalanced(v, N, 1), 30_000, "b alone");
+    // A forged member lock (any id) and notices naming every shard, 250 a second (under the
+    // flood bound), from its session.
+    await forger.query(`SELECT pg_advisory_lock(${memberKey(key1, 12345)})`);
+    const payload = handoverNotices(Array.from({ length: N }, (_, k) => k))[0]!;
+    flood = (async () => {
+      while (forging) {
+        await forger.query(`SELECT pg_notify($1, $2)`, [bellChannel(key1), payload]);
+        await new Promise((resolve) => setTimeout(resolve, 4));
+      }
+    })();
+    const c = new MemberProcess("c", { ...options, identity: "c" });
+    all.push(c);
+    await until(() => c.records.some((r) => r.type === "acquired"), 30_000, "c took shards");
+    // Before b's next tick: b's views saw c's new shards as its own.
+    await new Promise((resolve) => setTimeout(resolve, 150));
+    const cShards = c.records.filter((r) => r.type === "acquired").map((r) => r.key2!);
+    const backend = c.records.find((r) => r.type === "ready")!.backendPid!;
+    c.freeze();
+    const terminatedAt = performance.timeOrigin + performance.now();
+    assert.equal(await pg.terminateBackend(backend), true);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    c.thaw();
+    await until(
+      () =>
+        cShards.every((k) =>
+          b.records.some((r) => r.type === "acquired" && r.key2 === k && r.t > terminatedAt)
+        ),
+      10_000,
+      "b leads c's shards",
+    );
+    for (const k of cShards) {
+      const t = b.records.find((r) => r.type === "acquired" && r.key2 === k && r.t > terminatedAt)!
+        .t;
+      assert.ok(
+        t - terminatedAt >= SETTLE_MS - 5,
+        `shard ${k}: b announced it ${Math.round(t - terminatedAt)} ms after c's end`,
+      );
+    }
+    forging = false;
+    await flood;
+    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
+    assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
+  } finally {
+    forging = false;
+    await flood.catch(() => {});
+    await forger.end();
     await Promise.all(all.map((m) => m.dispose()));
   }
 });
