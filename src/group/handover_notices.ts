@@ -18,28 +18,29 @@ import { parseHandover } from "./protocol.ts";
  */
 export const HANDOVER_NOTICE_MS = 50;
 
-/** One tick's view of the group, as far as the notices need it. */
-export interface NoticeView {
-  /** key2 -> the pid of the other session that held it. */
-  readonly holderOf: ReadonlyMap<number, number>;
+/** Who a tick saw hold a shard, and since when its views have seen that session hold it. */
+interface Sighting {
+  readonly pid: number;
+  /** The member's clock, when the first view of the current run of them was answered. */
+  readonly since: number;
 }
-
-const NO_VIEW: NoticeView = { holderOf: new Map() };
 
 /** The handover notices a member heard lately, and the last two views they are checked against. */
 export class HandoverNotices {
   readonly #keepMs: number;
+  readonly #settleMs: number;
   /** Heard in the last {@linkcode HANDOVER_NOTICE_MS} or so, oldest first. */
   #notices: { readonly pid: number; readonly at: number; readonly keys: Set<number> }[] = [];
   #arrived = new AbortController();
-  #last: NoticeView = NO_VIEW;
-  #previous: NoticeView = NO_VIEW;
+  #last: ReadonlyMap<number, Sighting> = new Map();
+  #previous: ReadonlyMap<number, Sighting> = new Map();
 
   /**
    * @param settleMs The member's settle: a notice is kept while a grant it may name settles.
    */
   constructor(settleMs: number) {
     this.#keepMs = 2 * HANDOVER_NOTICE_MS + settleMs;
+    this.#settleMs = settleMs;
   }
 
   /** Whether any notice is kept (nothing to look up otherwise). */
@@ -57,10 +58,20 @@ export class HandoverNotices {
     if (this.#arrived.signal.aborted) this.#arrived = new AbortController();
   }
 
-  /** Records a tick's view; the one before is kept (a notice may name a shard freed between). */
-  view(view: NoticeView): void {
+  /**
+   * Records a tick's view; the one before is kept (a notice may name a shard freed between).
+   *
+   * @param holderOf key2 -> the pid of the other session that held it.
+   * @param at The member's clock once the view was answered (no earlier than the server read it).
+   */
+  view(holderOf: ReadonlyMap<number, number>, at: number): void {
+    const sightings = new Map<number, Sighting>();
+    for (const [key2, pid] of holderOf) {
+      const last = this.#last.get(key2);
+      sightings.set(key2, last?.pid === pid ? last : { pid, since: at });
+    }
     this.#previous = this.#last;
-    this.#last = view;
+    this.#last = sightings;
   }
 
   /**
@@ -81,10 +92,14 @@ export class HandoverNotices {
   }
 
   /**
-   * Whether the grant of `key2`, by a statement sent at `sentAt`, was a handover: a notice came
-   * from the session the last view saw hold it (or the view before, when the last saw it free),
-   * at most {@linkcode HANDOVER_NOTICE_MS} before the statement was sent (or after, while the
-   * grant settles). Never for a shard neither view saw another session hold (free, or this
+   * Whether the grant of `key2`, by a statement sent at `sentAt`, was a handover that may be
+   * announced `now`: a notice came from the session the last view saw hold it (or the view before,
+   * when the last saw it free), at most {@linkcode HANDOVER_NOTICE_MS} before the statement was
+   * sent (or after, while the grant settles), and the views have seen that session hold it since
+   * at least `settleMs` before `now`. The notice says that its sender has no term of the shard; the
+   * settle since the sender was first seen holding it covers whoever held it before the sender
+   * (a session that took it in the gap after a member died, held it and notified: a second
+   * adversarial round, 690 ms of overlap with a foreign session before this rule). Never for a shard neither view saw another session hold (free, or this
    * member's own that it moved away since): whoever took it since may have died, and any session
    * can notify (an adversarial run: a foreign session holding a forged member lock and notifying
    * every 4 ms made a member announce at once the shards of a member whose backend had just been
@@ -93,15 +108,17 @@ export class HandoverNotices {
    *
    * @param key2 The shard.
    * @param sentAt When the try-lock statement was sent (the member's clock).
-   * @returns Whether it may be announced without the settle.
+   * @param now The member's clock.
+   * @returns Whether it may be announced now without the rest of the settle.
    */
-  handedOver(key2: number, sentAt: number): boolean {
+  handedOver(key2: number, sentAt: number, now: number): boolean {
     if (this.#notices.length === 0) return false;
-    const holder = this.#last.holderOf.get(key2) ?? this.#previous.holderOf.get(key2);
-    if (holder === undefined) return false;
+    const seen = this.#last.get(key2) ?? this.#previous.get(key2);
+    if (seen === undefined || now < seen.since + this.#settleMs) return false;
     for (const notice of this.#notices) {
       if (
-        notice.pid === holder && notice.at >= sentAt - HANDOVER_NOTICE_MS && notice.keys.has(key2)
+        notice.pid === seen.pid && notice.at >= sentAt - HANDOVER_NOTICE_MS &&
+        notice.keys.has(key2)
       ) {
         return true;
       }

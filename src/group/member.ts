@@ -1075,7 +1075,7 @@ export class GroupMember {
       this.#lastOthers = others;
       this.#lastHolderOf = seen.holderOf;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
-      this.#notices.view({ holderOf: seen.holderOf });
+      this.#notices.view(seen.holderOf, clock());
       const holders: number[] = [];
       const leavers = new Set<number>();
       for (const pid of seen.holders) {
@@ -1657,7 +1657,7 @@ export class GroupMember {
           chunk.items = [];
         } else if (this.#notices.any) {
           chunk.items = chunk.items.filter(({ key2, token }) => {
-            if (!this.#notices.handedOver(key2, chunk.sentAt)) return true;
+            if (!this.#notices.handedOver(key2, chunk.sentAt, now)) return true;
             this.#announce(key2, token);
             return false;
           });

@@ -7,37 +7,42 @@ import assert from "node:assert/strict";
 import { HANDOVER_NOTICE_MS, HandoverNotices } from "../../src/group/handover_notices.ts";
 import { handoverNotices } from "../../src/group/protocol.ts";
 
+const SETTLE_MS = 10;
 const notice = (...keys: number[]) => handoverNotices(keys)[0]!;
 
-/** A member whose views saw pid 20 hold shard 1 and nobody else hold 2 (its own) or 3 (free). */
+/**
+ * A member whose view at t = 0 saw pid 20 hold shard 1 and nobody else hold 2 (its own) or 3
+ * (free).
+ */
 function heard(): HandoverNotices {
-  const notices = new HandoverNotices(10);
-  notices.view({ holderOf: new Map([[1, 20]]) });
+  const notices = new HandoverNotices(SETTLE_MS);
+  notices.view(new Map([[1, 20]]), 0);
   return notices;
 }
 
 Deno.test("A notice from the session the view saw hold the shard counts for a try-lock sent within 50 ms", () => {
   const notices = heard();
   assert.equal(notices.any, false);
-  assert.equal(notices.handedOver(1, 100), false);
+  assert.equal(notices.handedOver(1, 100, 100), false);
   notices.hear(20, notice(1, 3), 100);
   assert.equal(notices.any, true);
   assert.equal(notices.arrived.aborted, true);
-  assert.equal(notices.handedOver(1, 100 + HANDOVER_NOTICE_MS), true);
-  assert.equal(notices.handedOver(1, 100 + HANDOVER_NOTICE_MS + 1), false, "too old");
+  const sent = 100 + HANDOVER_NOTICE_MS;
+  assert.equal(notices.handedOver(1, sent, sent), true);
+  assert.equal(notices.handedOver(1, sent + 1, sent + 1), false, "too old");
   // Heard after the try-lock went out (while its grant settles): counts too.
-  assert.equal(notices.handedOver(1, 90), true);
+  assert.equal(notices.handedOver(1, 90, 101), true);
 });
 
 Deno.test("A notice from another session than the view's holder, or naming another shard, does not count", () => {
   const notices = heard();
   notices.hear(30, notice(1), 100);
-  assert.equal(notices.handedOver(1, 100), false, "pid 30 did not hold shard 1");
+  assert.equal(notices.handedOver(1, 100, 100), false, "pid 30 did not hold shard 1");
   notices.hear(20, notice(5), 100);
-  assert.equal(notices.handedOver(1, 100), false, "the notice names shard 5");
+  assert.equal(notices.handedOver(1, 100, 100), false, "the notice names shard 5");
   notices.hear(20, "released", 100);
   notices.hear(20, "handover:x:A", 100);
-  assert.equal(notices.handedOver(1, 100), false);
+  assert.equal(notices.handedOver(1, 100, 100), false);
 });
 
 Deno.test("A shard no view saw another session hold always settles, whoever notifies", () => {
@@ -46,17 +51,34 @@ Deno.test("A shard no view saw another session hold always settles, whoever noti
   // the settle of a terminated member's shards when a member session's notice counted for them).
   const notices = heard();
   for (const pid of [20, 30, 99]) notices.hear(pid, notice(2, 3), 100);
-  assert.equal(notices.handedOver(2, 100), false);
-  assert.equal(notices.handedOver(3, 100), false);
+  assert.equal(notices.handedOver(2, 100, 100), false);
+  assert.equal(notices.handedOver(3, 100, 100), false);
+});
+
+Deno.test("A notice counts only once the views have seen its sender hold the shard for a settle", () => {
+  // A session seen holding shard 4 first at t = 95 (it may have taken it from a member that had
+  // just died, and notifies at once): its notice counts from t = 105 on, not before.
+  const notices = heard();
+  notices.view(new Map([[1, 20], [4, 40]]), 95);
+  notices.hear(40, notice(4), 100);
+  assert.equal(notices.handedOver(4, 100, 100), false);
+  assert.equal(notices.handedOver(4, 100, 95 + SETTLE_MS), true);
+  // A view that sees another holder starts over; one that sees the same keeps the first sighting.
+  notices.view(new Map([[1, 20], [4, 40]]), 200);
+  assert.equal(notices.handedOver(4, 100, 110), true);
+  notices.view(new Map([[1, 20], [4, 41]]), 300);
+  notices.hear(41, notice(4), 301);
+  assert.equal(notices.handedOver(4, 301, 305), false);
+  assert.equal(notices.handedOver(4, 301, 310), true);
 });
 
 Deno.test("The view before the last names the holder of a shard the last saw free", () => {
   const notices = heard();
-  notices.view({ holderOf: new Map() });
+  notices.view(new Map(), 50);
   notices.hear(20, notice(1), 100);
-  assert.equal(notices.handedOver(1, 100), true);
-  notices.view({ holderOf: new Map() });
-  assert.equal(notices.handedOver(1, 100), false, "two views without a holder: free");
+  assert.equal(notices.handedOver(1, 100, 100), true);
+  notices.view(new Map(), 60);
+  assert.equal(notices.handedOver(1, 100, 100), false, "two views without a holder: free");
 });
 
 Deno.test("rearm gives a fresh arrival signal once the last was aborted", () => {
