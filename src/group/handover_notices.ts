@@ -23,6 +23,8 @@ interface Sighting {
   readonly pid: number;
   /** The member's clock, when the first view of the current run of them was answered. */
   readonly since: number;
+  /** Whether a notice of this holder already named the shard during this run of views. */
+  noticed?: boolean;
 }
 
 /** The handover notices a member heard lately, and the last two views they are checked against. */
@@ -34,6 +36,7 @@ export class HandoverNotices {
   #arrived = new AbortController();
   #last: ReadonlyMap<number, Sighting> = new Map();
   #previous: ReadonlyMap<number, Sighting> = new Map();
+  #memberPids: ReadonlySet<number> = new Set();
 
   /**
    * @param settleMs The member's settle: a notice is kept while a grant it may name settles.
@@ -63,12 +66,16 @@ export class HandoverNotices {
    *
    * @param holderOf key2 -> the pid of the other session that held it.
    * @param at The member's clock once the view was answered (no earlier than the server read it).
+   * @param memberPids The member sessions' backend pids: only their notices count.
    */
-  view(holderOf: ReadonlyMap<number, number>, at: number): void {
+  view(holderOf: ReadonlyMap<number, number>, at: number, memberPids: ReadonlySet<number>): void {
+    this.#memberPids = memberPids;
     const sightings = new Map<number, Sighting>();
     for (const [key2, pid] of holderOf) {
       const last = this.#last.get(key2);
-      sightings.set(key2, last?.pid === pid ? last : { pid, since: at });
+      // The same holder as the last view, unless it notified meanwhile (it took the shard again
+      // since: a new run of sightings).
+      sightings.set(key2, last?.pid === pid && !last.noticed ? last : { pid, since: at });
     }
     this.#previous = this.#last;
     this.#last = sightings;
@@ -82,8 +89,22 @@ export class HandoverNotices {
    * @param now The member's clock.
    */
   hear(pid: number, payload: string, now: number): void {
-    const keys = parseHandover(payload);
-    if (keys === undefined || keys.size === 0) return;
+    // A member session's only (a foreign session that held shards is no member's handover).
+    if (!this.#memberPids.has(pid)) return;
+    const named = parseHandover(payload);
+    if (named === undefined || named.size === 0) return;
+    // One notice per shard and run of views that saw its sender hold it: the first, sent after
+    // the unlock it announces. Later ones say nothing of when the shard was unlocked (a foreign
+    // session that unlocked, let a member take the shard and die, and notified every 20 ms kept
+    // the 50 ms window open: a third adversarial round, 460-800 ms of overlap).
+    const keys = new Set<number>();
+    for (const key2 of named) {
+      const seen = this.#last.get(key2) ?? this.#previous.get(key2);
+      if (seen === undefined || seen.pid !== pid || seen.noticed) continue;
+      seen.noticed = true;
+      keys.add(key2);
+    }
+    if (keys.size === 0) return;
     while (this.#notices.length > 0 && now - this.#notices[0]!.at > this.#keepMs) {
       this.#notices.shift();
     }

@@ -1075,7 +1075,7 @@ export class GroupMember {
       this.#lastOthers = others;
       this.#lastHolderOf = seen.holderOf;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
-      this.#notices.view(seen.holderOf, clock());
+      this.#notices.view(seen.holderOf, clock(), memberPids);
       const holders: number[] = [];
       const leavers = new Set<number>();
       for (const pid of seen.holders) {

@@ -204,9 +204,12 @@ Deno.test({
     const b = new MemberProcess("b", { ...options, identity: "b" });
     all.push(b);
     await waitForView(pg, key1, N, (v) => isBalanced(v, N, 1), 30_000, "b alone");
-    // A forged member lock (any id) and notices naming every shard, 250 a second (under the
-    // flood bound), from its session.
-    await forger.query(`SELECT pg_advisory_lock(${memberKey(key1, 12345)})`);
+    // A forged member lock and notices naming every shard, 250 a second (under the flood bound),
+    // from its session. Its id is right below b's, so that b still watches the next member, c
+    // (it takes c's shards at once, not at its next tick after c came back).
+    const bId = b.records.find((r) => r.type === "ready")!.memberId!;
+    const forgedId = bId > 0 ? bId - 1 : 0xffffffff;
+    await forger.query(`SELECT pg_advisory_lock(${memberKey(key1, forgedId)})`);
     const payload = handoverNotices(Array.from({ length: N }, (_, k) => k))[0]!;
     flood = (async () => {
       while (forging) {

@@ -8,6 +8,8 @@ import { HANDOVER_NOTICE_MS, HandoverNotices } from "../../src/group/handover_no
 import { handoverNotices } from "../../src/group/protocol.ts";
 
 const SETTLE_MS = 10;
+/** The member sessions' pids in every view here (pid 99 is a foreign session). */
+const MEMBERS = new Set([10, 20, 30, 40, 41]);
 const notice = (...keys: number[]) => handoverNotices(keys)[0]!;
 
 /**
@@ -16,7 +18,7 @@ const notice = (...keys: number[]) => handoverNotices(keys)[0]!;
  */
 function heard(): HandoverNotices {
   const notices = new HandoverNotices(SETTLE_MS);
-  notices.view(new Map([[1, 20]]), 0);
+  notices.view(new Map([[1, 20]]), 0, MEMBERS);
   return notices;
 }
 
@@ -59,26 +61,48 @@ Deno.test("A notice counts only once the views have seen its sender hold the sha
   // A session seen holding shard 4 first at t = 95 (it may have taken it from a member that had
   // just died, and notifies at once): its notice counts from t = 105 on, not before.
   const notices = heard();
-  notices.view(new Map([[1, 20], [4, 40]]), 95);
+  notices.view(new Map([[1, 20], [4, 40]]), 95, MEMBERS);
+  notices.view(new Map([[1, 20], [4, 40]]), 98, MEMBERS); // the same holder: still seen since 95
   notices.hear(40, notice(4), 100);
   assert.equal(notices.handedOver(4, 100, 100), false);
   assert.equal(notices.handedOver(4, 100, 95 + SETTLE_MS), true);
-  // A view that sees another holder starts over; one that sees the same keeps the first sighting.
-  notices.view(new Map([[1, 20], [4, 40]]), 200);
-  assert.equal(notices.handedOver(4, 100, 110), true);
-  notices.view(new Map([[1, 20], [4, 41]]), 300);
+  // A view that sees another holder starts over.
+  notices.view(new Map([[1, 20], [4, 41]]), 300, MEMBERS);
   notices.hear(41, notice(4), 301);
   assert.equal(notices.handedOver(4, 301, 305), false);
   assert.equal(notices.handedOver(4, 301, 310), true);
 });
 
-Deno.test("The view before the last names the holder of a shard the last saw free", () => {
+Deno.test("Only a holder's first notice of a shard counts, until a view sees it hold the shard again", () => {
+  // Later notices say nothing of when the shard was unlocked: a session that unlocked, let a
+  // member take the shard and die, and notified every 20 ms kept the 50 ms window open.
   const notices = heard();
-  notices.view(new Map(), 50);
   notices.hear(20, notice(1), 100);
   assert.equal(notices.handedOver(1, 100, 100), true);
-  notices.view(new Map(), 60);
+  notices.hear(20, notice(1), 500);
+  assert.equal(notices.handedOver(1, 500, 500), false, "a repeated notice");
+  // Seen holding it again (it took it back): a new run of sightings, whose first notice counts
+  // once a settle has passed since that view.
+  notices.view(new Map([[1, 20]]), 600, MEMBERS);
+  notices.hear(20, notice(1), 700);
+  assert.equal(notices.handedOver(1, 700, 700), true);
+});
+
+Deno.test("The view before the last names the holder of a shard the last saw free", () => {
+  const notices = heard();
+  notices.view(new Map(), 50, MEMBERS);
+  notices.hear(20, notice(1), 100);
+  assert.equal(notices.handedOver(1, 100, 100), true);
+  notices.view(new Map(), 60, MEMBERS);
   assert.equal(notices.handedOver(1, 100, 100), false, "two views without a holder: free");
+});
+
+Deno.test("A session that is no member's counts for nothing, even as the shard's holder", () => {
+  const notices = new HandoverNotices(SETTLE_MS);
+  notices.view(new Map([[1, 99]]), 0, MEMBERS);
+  notices.hear(99, notice(1), 100);
+  assert.equal(notices.any, false);
+  assert.equal(notices.handedOver(1, 100, 100), false);
 });
 
 Deno.test("rearm gives a fresh arrival signal once the last was aborted", () => {
