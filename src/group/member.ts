@@ -58,10 +58,10 @@
  *    notify) makes it stop listening for a while ({@linkcode BELL_FLOOD_PER_S}).
  *
  * 9. Handovers skip the settle (`takeover: "fast"`): the bell after a RELEASE carries handover
- *    notices naming the shards unlocked (protocol.ts, `handoverNotices`; their terms ended first;
- *    handover_notices.ts).
- *    A shard tried within 50 ms (`HANDOVER_NOTICE_MS`) of a notice from the session the last
- *    view saw hold it, or whose notice arrives while its grant settles, is announced at once.
+ *    notices naming the shards unlocked (protocol.ts, `handoverNotices`; their terms ended first).
+ *    A grant that such a notice covers is announced at once; which notices count (the member
+ *    session the views saw hold the shard, for a settle at least, its first notice, within 50 ms
+ *    of the try-lock) is handover_notices.ts's.
  *
  * The member session never waits in PostgreSQL's lock queue, so none of its statements needs a
  * client-side timeout on a lock wait; each is bounded by the lease (the session is closed when it
@@ -1075,7 +1075,8 @@ export class GroupMember {
       this.#lastOthers = others;
       this.#lastHolderOf = seen.holderOf;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
-      this.#notices.view(seen.holderOf, clock(), memberPids);
+      // Notices count in fast mode only: no sightings to keep otherwise (a map of N a tick).
+      if (this.#config.takeover !== "safe") this.#notices.view(seen.holderOf, clock(), memberPids);
       const holders: number[] = [];
       const leavers = new Set<number>();
       for (const pid of seen.holders) {
@@ -1583,11 +1584,7 @@ export class GroupMember {
     // The shards' terms ended before the unlock (or they had none): their takers need no settle.
     // Not those that were not held: whoever held them was not this session.
     const unheld = new Set(notHeld);
-    await this.#ring(
-      "released",
-      undefined,
-      unheld.size ? keys.filter((k) => !unheld.has(k)) : keys,
-    );
+    await this.#ring("released", undefined, keys.filter((k) => !unheld.has(k)));
     if (notHeld.length > 0) {
       this.#observer.error(
         new LockError(

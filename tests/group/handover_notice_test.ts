@@ -23,6 +23,23 @@ const HEALTH_MS = 1000;
 const LEASE_MS = 3000;
 const SETTLE_MS = 1000;
 
+/**
+ * Waits until `taker` announced each of `shards` after `endedAt` (their holder's end), and asserts
+ * that none was announced sooner than a settle after it.
+ */
+async function assertSettled(taker: MemberProcess, shards: readonly number[], endedAt: number) {
+  const announced = (k: number) =>
+    taker.records.find((r) => r.type === "acquired" && r.key2 === k && r.t > endedAt);
+  await until(() => shards.every((k) => announced(k)), 10_000, `${taker.name} leads the shards`);
+  for (const k of shards) {
+    const ms = announced(k)!.t - endedAt;
+    assert.ok(
+      ms >= SETTLE_MS - 5,
+      `shard ${k}: ${taker.name} announced it ${Math.round(ms)} ms after its holder's end`,
+    );
+  }
+}
+
 Deno.test("handoverNotices names every shard in payloads PostgreSQL accepts, and parseHandover reads them back", () => {
   const dense = Array.from({ length: 10_000 }, (_, i) => i).filter((k) => k % 3 !== 1);
   const [one, ...more] = handoverNotices(dense);
@@ -229,22 +246,7 @@ Deno.test({
     assert.equal(await pg.terminateBackend(backend), true);
     await new Promise((resolve) => setTimeout(resolve, 500));
     c.thaw();
-    await until(
-      () =>
-        cShards.every((k) =>
-          b.records.some((r) => r.type === "acquired" && r.key2 === k && r.t > terminatedAt)
-        ),
-      10_000,
-      "b leads c's shards",
-    );
-    for (const k of cShards) {
-      const t = b.records.find((r) => r.type === "acquired" && r.key2 === k && r.t > terminatedAt)!
-        .t;
-      assert.ok(
-        t - terminatedAt >= SETTLE_MS - 5,
-        `shard ${k}: b announced it ${Math.round(t - terminatedAt)} ms after c's end`,
-      );
-    }
+    await assertSettled(b, cShards, terminatedAt);
     forging = false;
     await flood;
     await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
@@ -332,22 +334,7 @@ Deno.test({
     await notify(550);
     c.thaw();
     await notify(600);
-    await until(
-      () =>
-        cShards.every((k) =>
-          a.records.some((r) => r.type === "acquired" && r.key2 === k && r.t > terminatedAt)
-        ),
-      10_000,
-      "a leads c's shards",
-    );
-    for (const k of cShards) {
-      const t = a.records.find((r) => r.type === "acquired" && r.key2 === k && r.t > terminatedAt)!
-        .t;
-      assert.ok(
-        t - terminatedAt >= SETTLE_MS - 5,
-        `shard ${k}: a announced it ${Math.round(t - terminatedAt)} ms after c's end`,
-      );
-    }
+    await assertSettled(a, cShards, terminatedAt);
     await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
     assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
   } finally {
