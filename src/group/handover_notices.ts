@@ -66,7 +66,8 @@ export class HandoverNotices {
    *
    * @param holderOf key2 -> the pid of the other session that held it.
    * @param at The member's clock once the view was answered (no earlier than the server read it).
-   * @param memberPids The member sessions' backend pids: only their notices count.
+   * @param memberPids The backend pids of the member sessions of this member's role: only their
+   *   notices count.
    */
   view(holderOf: ReadonlyMap<number, number>, at: number, memberPids: ReadonlySet<number>): void {
     this.#memberPids = memberPids;
@@ -89,7 +90,8 @@ export class HandoverNotices {
    * @param now The member's clock.
    */
   hear(pid: number, payload: string, now: number): void {
-    // A member session's only (a foreign session that held shards is no member's handover).
+    // A member session's of this role only (a foreign session that held shards is no member's
+    // handover, nor is a member lock forged by another role).
     if (!this.#memberPids.has(pid)) return;
     const named = parseHandover(payload);
     if (named === undefined || named.size === 0) return;

@@ -1076,7 +1076,12 @@ export class GroupMember {
       this.#lastHolderOf = seen.holderOf;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
       // Notices count in fast mode only: no sightings to keep otherwise (a map of N a tick).
-      if (this.#config.takeover !== "safe") this.#notices.view(seen.holderOf, clock(), memberPids);
+      // Only members of this session's role count as senders (LeaderLock's release marker counts
+      // so too): another role can end a member's backend only as a superuser or with
+      // pg_signal_backend, and its forged member lock hands nothing over.
+      if (this.#config.takeover !== "safe") {
+        this.#notices.view(seen.holderOf, clock(), seen.sameRolePids);
+      }
       const holders: number[] = [];
       const leavers = new Set<number>();
       for (const pid of seen.holders) {

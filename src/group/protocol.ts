@@ -62,8 +62,10 @@ SELECT r.read_only,
  * The tick: in one read of pg_locks, the ownership proof of every shard this session holds
  * (`mine`), the two-int4 locks of key1 other sessions hold (`others`) with their holders' pids
  * in the same order (`other_pids`: one aggregate input, two aggregates fed the same rows), and
- * the live members as `memberId:pid` pairs (`members`), for group key1 = `$1` in the database
- * of oid `$2`. Lists are comma-separated text (one value each, cheap to parse for 10,000
+ * the live members as `memberId:pid` pairs (`members`) and the pids of those whose session is of
+ * this session's role (`same_role`: the statistics functions behind pg_stat_activity's
+ * `usesysid`, which every role may read; the view itself joins shared catalogs, whose locks need
+ * lock-table entries that a full table has not got), for group key1 = `$1` in the database of oid `$2`. Lists are comma-separated text (one value each, cheap to parse for 10,000
  * shards). Which of those locks are shards of the group (and so which pids hold shards) is
  * for the member to say: a (key1, key2) lock with key2 outside the group's shards is somebody
  * else's.
@@ -84,7 +86,19 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
              OPERATOR(pg_catalog.||) l.pid::pg_catalog.text
            ORDER BY l.objid) FILTER (
          WHERE l.objsubid OPERATOR(pg_catalog.=) 1
-           AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'), ',') AS members
+           AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'), ',') AS members,
+       pg_catalog.array_to_string(pg_catalog.array_agg(l.pid) FILTER (
+         WHERE l.objsubid OPERATOR(pg_catalog.=) 1
+           AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
+           AND l.pid IN (
+             SELECT pg_catalog.pg_stat_get_backend_pid(b.id)
+               FROM pg_catalog.pg_stat_get_backend_idset() AS b(id)
+              WHERE pg_catalog.pg_stat_get_backend_userid(b.id) OPERATOR(pg_catalog.=) (
+                SELECT pg_catalog.pg_stat_get_backend_userid(s.id)
+                  FROM pg_catalog.pg_stat_get_backend_idset() AS s(id)
+                 WHERE pg_catalog.pg_stat_get_backend_pid(s.id)
+                       OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()))), ',')
+         AS same_role
   FROM pg_catalog.pg_locks AS l
  WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
    AND l.database OPERATOR(pg_catalog.=) $2::pg_catalog.oid
@@ -354,6 +368,12 @@ export interface Observation {
   readonly others: readonly number[];
   /** The live members, by id. */
   readonly members: readonly MemberRow[];
+  /**
+   * The backend pids of the live members whose session is of this session's role
+   * (`session_user`): the senders whose handover notices count, as LeaderLock counts only release
+   * markers of its own role.
+   */
+  readonly sameRolePids: ReadonlySet<number>;
   /** key2 -> the backend pid of the other session that holds it, for every shard in `others`. */
   readonly holderOf: ReadonlyMap<number, number>;
   /**
@@ -418,7 +438,12 @@ export async function observe(
       members.push({ memberId: Number(id) >>> 0, pid: Number(pid) });
     }
   }
-  return { backendPid, mine, others, members, holderOf, holders };
+  const sameRolePids = new Set(
+    typeof row?.same_role === "string" && row.same_role !== ""
+      ? row.same_role.split(",").map(Number)
+      : [],
+  );
+  return { backendPid, mine, others, members, holderOf, holders, sameRolePids };
 }
 
 /** What {@linkcode acquire} took. */

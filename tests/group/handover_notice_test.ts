@@ -342,3 +342,50 @@ Deno.test({
     await Promise.all(all.map((m) => m.dispose()));
   }
 });
+
+Deno.test({
+  name:
+    "A leave by a member of another role still settles: only members of a member's own role hand shards over",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  // Another role can end a member's backend only as a superuser or with pg_signal_backend, and
+  // then notify right after: its notices count for nothing (LeaderLock's release marker is
+  // counted from sessions of its own role only, too).
+  await using pg = await startPostgres();
+  await pg.query("CREATE ROLE other_member LOGIN PASSWORD 'other-pw'");
+  const key1 = 6464;
+  const options = {
+    key1,
+    shards: N,
+    healthIntervalMs: HEALTH_MS,
+    leaseMs: LEASE_MS,
+    settleMs: SETTLE_MS,
+  };
+  const all: MemberProcess[] = [];
+  try {
+    const a = new MemberProcess("a", { ...options, dsn: pg.dsn, identity: "a" });
+    all.push(a);
+    await waitForView(pg, key1, N, (v) => isBalanced(v, N, 1), 30_000, "a alone");
+    const otherDsn = pg.dsnFor({ user: "other_member", password: "other-pw" });
+    const b = new MemberProcess("b", { ...options, dsn: otherDsn, identity: "b" });
+    all.push(b);
+    await waitForView(pg, key1, N, (v) => isBalanced(v, N, 2), 30_000, "a and b");
+    await until(
+      () => b.records.filter((r) => r.type === "acquired").length === N / 2,
+      10_000,
+      "b announced its share",
+    );
+    // Long enough for a's views to have seen b hold its shards for a settle: the same leave by a
+    // member of a's role is announced within milliseconds (the first test of this file).
+    await new Promise((resolve) => setTimeout(resolve, 2 * HEALTH_MS + SETTLE_MS));
+    const theirs = b.records.filter((r) => r.type === "acquired").map((r) => r.key2!);
+    const leftAt = performance.timeOrigin + performance.now();
+    await b.leave();
+    await assertSettled(a, theirs, leftAt);
+    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
+    assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
+  } finally {
+    await Promise.all(all.map((m) => m.dispose()));
+  }
+});
