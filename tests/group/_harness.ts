@@ -144,6 +144,21 @@ export interface GroupView {
 }
 
 /**
+ * The shards `member` leads by the lines it printed so far (announced, not yet released or lost).
+ *
+ * @param member The member.
+ * @returns Their key2 values.
+ */
+export function leading(member: MemberProcess): number[] {
+  const led = new Set<number>();
+  for (const r of member.records) {
+    if (r.type === "acquired") led.add(r.key2!);
+    else if (r.type === "released" || r.type === "lost") led.delete(r.key2!);
+  }
+  return [...led];
+}
+
+/**
  * Reads the group from pg_locks as the superuser.
  *
  * @param pg The server.

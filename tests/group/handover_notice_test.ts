@@ -16,7 +16,14 @@ import {
   parseHandover,
 } from "../../src/group/protocol.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
-import { checkShards, isBalanced, MemberProcess, violations, waitForView } from "./_harness.ts";
+import {
+  checkShards,
+  isBalanced,
+  leading,
+  MemberProcess,
+  violations,
+  waitForView,
+} from "./_harness.ts";
 
 const N = 24;
 const HEALTH_MS = 1000;
@@ -101,15 +108,6 @@ Deno.test({
   };
   const backendOf = (member: MemberProcess) =>
     member.records.findLast((r) => r.type === "ready")?.backendPid as number;
-  /** The shards `member` leads by what it printed. */
-  const leading = (member: MemberProcess) => {
-    const led = new Set<number>();
-    for (const r of member.records) {
-      if (r.type === "acquired") led.add(r.key2!);
-      else if (r.type === "released" || r.type === "lost") led.delete(r.key2!);
-    }
-    return [...led];
-  };
   /** Per shard `from` led before `since`: when `to` announced it after `since`. */
   const takenBy = (to: MemberProcess, shards: readonly number[], since: number) =>
     shards.map((k) =>
