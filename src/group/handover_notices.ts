@@ -36,7 +36,7 @@ export class HandoverNotices {
   #arrived = new AbortController();
   #last: ReadonlyMap<number, Sighting> = new Map();
   #previous: ReadonlyMap<number, Sighting> = new Map();
-  #memberPids: ReadonlySet<number> = new Set();
+  #senders: ReadonlySet<number> = new Set();
 
   /**
    * @param settleMs The member's settle: a notice is kept while a grant it may name settles.
@@ -66,11 +66,11 @@ export class HandoverNotices {
    *
    * @param holderOf key2 -> the pid of the other session that held it.
    * @param at The member's clock once the view was answered (no earlier than the server read it).
-   * @param memberPids The backend pids of the member sessions of this member's role: only their
+   * @param senders The backend pids of the member sessions of this member's role: only their
    *   notices count.
    */
-  view(holderOf: ReadonlyMap<number, number>, at: number, memberPids: ReadonlySet<number>): void {
-    this.#memberPids = memberPids;
+  view(holderOf: ReadonlyMap<number, number>, at: number, senders: ReadonlySet<number>): void {
+    this.#senders = senders;
     const sightings = new Map<number, Sighting>();
     for (const [key2, pid] of holderOf) {
       const last = this.#last.get(key2);
@@ -92,7 +92,7 @@ export class HandoverNotices {
   hear(pid: number, payload: string, now: number): void {
     // A member session's of this role only (a foreign session that held shards is no member's
     // handover, nor is a member lock forged by another role).
-    if (!this.#memberPids.has(pid)) return;
+    if (!this.#senders.has(pid)) return;
     const named = parseHandover(payload);
     if (named === undefined || named.size === 0) return;
     // One notice per shard and run of views that saw its sender hold it: the first, sent after

@@ -63,10 +63,10 @@ SELECT r.read_only,
  * (`mine`), the two-int4 locks of key1 other sessions hold (`others`) with their holders' pids
  * in the same order (`other_pids`: one aggregate input, two aggregates fed the same rows), and
  * the live members as `memberId:pid` pairs (`members`) and the pids of those whose session is of
- * this session's role (`same_role`: the statistics functions behind pg_stat_activity's
+ * this session's role (`same_role`: from the statistics functions behind pg_stat_activity's
  * `usesysid`, which every role may read; the view itself joins shared catalogs, whose locks need
- * lock-table entries that a full table has not got), for group key1 = `$1` in the database of oid `$2`. Lists are comma-separated text (one value each, cheap to parse for 10,000
- * shards). Which of those locks are shards of the group (and so which pids hold shards) is
+ * lock-table entries that a full table has not got), for group key1 = `$1` in the database of
+ * oid `$2`. Lists are comma-separated text (one value each, cheap to parse for 10,000 shards). Which of those locks are shards of the group (and so which pids hold shards) is
  * for the member to say: a (key1, key2) lock with key2 outside the group's shards is somebody
  * else's.
  */

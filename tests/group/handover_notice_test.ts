@@ -30,6 +30,11 @@ const HEALTH_MS = 1000;
 const LEASE_MS = 3000;
 const SETTLE_MS = 1000;
 
+/** The members' options of this file's groups: a settle far longer than a handover takes. */
+function groupOptions(dsn: string, key1: number, shards = N) {
+  return { dsn, key1, shards, healthIntervalMs: HEALTH_MS, leaseMs: LEASE_MS, settleMs: SETTLE_MS };
+}
+
 /**
  * Waits until `taker` announced each of `shards` after `endedAt` (their holder's end), and asserts
  * that none was announced sooner than a settle after it.
@@ -92,14 +97,7 @@ Deno.test({
 }, async (t) => {
   await using pg = await startPostgres();
   const key1 = 6161;
-  const options = {
-    dsn: pg.dsn,
-    key1,
-    shards: N,
-    healthIntervalMs: HEALTH_MS,
-    leaseMs: LEASE_MS,
-    settleMs: SETTLE_MS,
-  };
+  const options = groupOptions(pg.dsn, key1);
   const all: MemberProcess[] = [];
   const spawn = (name: string) => {
     const member = new MemberProcess(name, { ...options, identity: name });
@@ -201,14 +199,7 @@ Deno.test({
   // session's notice counted for shards its own views saw as its own.
   await using pg = await startPostgres();
   const key1 = 6262;
-  const options = {
-    dsn: pg.dsn,
-    key1,
-    shards: N,
-    healthIntervalMs: HEALTH_MS,
-    leaseMs: LEASE_MS,
-    settleMs: SETTLE_MS,
-  };
+  const options = groupOptions(pg.dsn, key1);
   const all: MemberProcess[] = [];
   const forger = new PgClient({ connectionString: pg.dsn });
   forger.on("error", () => {});
@@ -269,14 +260,7 @@ Deno.test({
   await using pg = await startPostgres();
   const key1 = 6363;
   const shards = 4;
-  const options = {
-    dsn: pg.dsn,
-    key1,
-    shards,
-    healthIntervalMs: HEALTH_MS,
-    leaseMs: LEASE_MS,
-    settleMs: SETTLE_MS,
-  };
+  const options = groupOptions(pg.dsn, key1, shards);
   const all: MemberProcess[] = [];
   const foreign: InstanceType<typeof PgClient>[] = [];
   try {
@@ -353,16 +337,10 @@ Deno.test({
   await using pg = await startPostgres();
   await pg.query("CREATE ROLE other_member LOGIN PASSWORD 'other-pw'");
   const key1 = 6464;
-  const options = {
-    key1,
-    shards: N,
-    healthIntervalMs: HEALTH_MS,
-    leaseMs: LEASE_MS,
-    settleMs: SETTLE_MS,
-  };
+  const options = groupOptions(pg.dsn, key1);
   const all: MemberProcess[] = [];
   try {
-    const a = new MemberProcess("a", { ...options, dsn: pg.dsn, identity: "a" });
+    const a = new MemberProcess("a", { ...options, identity: "a" });
     all.push(a);
     await waitForView(pg, key1, N, (v) => isBalanced(v, N, 1), 30_000, "a alone");
     const otherDsn = pg.dsnFor({ user: "other_member", password: "other-pw" });
