@@ -376,6 +376,8 @@ export interface Observation {
   readonly sameRolePids: ReadonlySet<number>;
   /** key2 -> the backend pid of the other session that holds it, for every shard in `others`. */
   readonly holderOf: ReadonlyMap<number, number>;
+  /** The same as {@linkcode holderOf} by holder: backend pid -> the key2 values it holds. */
+  readonly heldBy: ReadonlyMap<number, readonly number[]>;
   /**
    * The backend pids that hold at least one shard of the group (this session's included when
    * it holds one): a (key1, key2) lock whose key2 is not a shard of the group makes nobody a
@@ -422,13 +424,17 @@ export async function observe(
   }
   const others: number[] = [];
   const holderOf = new Map<number, number>();
-  const holders = new Set<number>();
+  const heldBy = new Map<number, number[]>();
   for (const [i, key2] of otherKeys.entries()) {
     if (!shards.has(key2)) continue;
+    const pid = otherPids[i]!;
     others.push(key2);
-    holderOf.set(key2, otherPids[i]!);
-    holders.add(otherPids[i]!);
+    holderOf.set(key2, pid);
+    const held = heldBy.get(pid);
+    if (held) held.push(key2);
+    else heldBy.set(pid, [key2]);
   }
+  const holders = new Set(heldBy.keys());
   const backendPid = Number(row?.backend_pid);
   if (mine.length > 0) holders.add(backendPid);
   const members: MemberRow[] = [];
@@ -443,7 +449,7 @@ export async function observe(
       ? row.same_role.split(",").map(Number)
       : [],
   );
-  return { backendPid, mine, others, members, holderOf, holders, sameRolePids };
+  return { backendPid, mine, others, members, holderOf, heldBy, holders, sameRolePids };
 }
 
 /** What {@linkcode acquire} took. */
