@@ -243,7 +243,13 @@ Deno.test({
       for (const g of groups) for (const k of g.leading) counts.set(k, (counts.get(k) ?? 0) + 1);
       return counts;
     };
-    await until(() => led().size === shards, 5000, "every shard led before the forged member");
+    // Balanced first: a shard the start still moves could pass to another member after the
+    // rogue's leader was picked, and the rogue would queue behind that one.
+    await until(
+      () => led().size === shards && groups.every((g) => g.leading.size === shards / 3),
+      5000,
+      "every shard led, balanced, before the forged member",
+    );
     // The rogue queues for the shard (the members only try-lock: a waiter in the queue gets it
     // first), its leader leaves, and the rogue holds it beside a member-like lock.
     const leader = groups.find((g) => g.leading.has(rogueShard))!;
@@ -267,7 +273,10 @@ Deno.test({
         5000,
         "the rogue waiting for the shard",
       );
+      let granted = false;
+      queued.then(() => granted = true, () => {});
       await leader.shutdown();
+      await until(() => granted, 10_000, "the rogue granted the shard once its leader left");
       await queued;
       await rogue.query(`SELECT pg_advisory_lock(${memberKey(key1, 12345)})`);
       const live = groups.filter((g) => g !== leader);
