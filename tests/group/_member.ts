@@ -1,9 +1,10 @@
 /**
  * A LeaderGroup member process for the group tests and the benchmark. Reads its options as JSON
  * from the first argument and prints one JSON line per event, timestamped on the wall clock
- * shared by all processes (`performance.timeOrigin + performance.now()`):
- * `ready`, `membership`, `acquired`/`released`/`lost` (with `key2` and `token`), `lease` (the
- * wall-clock moment the lease of every held shard runs out unless renewed), `error`, `stopped`.
+ * shared by all processes (`performance.timeOrigin + performance.now()`): `starting` (just
+ * before `start()`), `ready`, `membership`, `acquired`/`released`/`lost` (with `key2` and
+ * `token`), `lease` (the wall-clock moment the lease of every held shard runs out unless
+ * renewed), `error`, `stopped`.
  * SIGTERM shuts the group down gracefully.
  *
  * @module
@@ -82,5 +83,6 @@ Deno.addSignalListener("SIGTERM", async () => {
   flush();
   Deno.exit(0);
 });
+print({ type: "starting" });
 await group.start();
 print({ type: "ready", pid: Deno.pid, memberId: group.memberId, backendPid: group.backendPid });
