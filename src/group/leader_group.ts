@@ -775,7 +775,7 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
     const end = (
       key2: number,
       token: bigint,
-      memberSignal: AbortSignal,
+      ended: unknown,
       dispatch: (signal: AbortSignal) => Event,
     ) => {
       const terms = run().terms;
@@ -783,17 +783,16 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
       // A term announced while stopping was never shown: its end is not either.
       if (!term || term.term.fencingToken !== token) return;
       terms.delete(key2);
-      // The member calls this right after it aborted its term's signal (#endTerm, the one place
-      // it does): this term's signal follows, with the same reason, before the event.
-      term.controller.abort(memberSignal.reason);
+      // The member calls this right after its term ended (#endTerm, the one place it does):
+      // this term's signal follows, with the same reason, before the event.
+      term.controller.abort(ended);
       this.dispatchEvent(dispatch(term.term.signal));
     };
     return {
-      acquired: (key2, token, memberSignal) => {
+      acquired: (key2, token) => {
         const current = run();
         if (current.stopping) return; // released at once by the stop
         const controller = new AbortController();
-        if (memberSignal.aborted) controller.abort(memberSignal.reason);
         const term: FaceTerm = {
           term: this.#shardTerm(key2, token, controller.signal, current.member),
           controller,
@@ -803,18 +802,18 @@ export class LeaderGroup extends EventTarget implements AsyncDisposable {
         this.dispatchEvent(new ShardAcquiredEvent(key2, token, controller.signal));
         this.#startWork(current, term);
       },
-      released: (key2, token, memberSignal, reason: ShardReleaseReason) =>
+      released: (key2, token, ended, reason: ShardReleaseReason) =>
         end(
           key2,
           token,
-          memberSignal,
+          ended,
           (signal) => new ShardReleasedEvent(key2, token, signal, reason),
         ),
-      lost: (key2, token, memberSignal, reason: ShardLostReason, error) =>
+      lost: (key2, token, ended, reason: ShardLostReason, error) =>
         end(
           key2,
           token,
-          memberSignal,
+          ended,
           (signal) => new ShardLostEvent(key2, token, signal, reason, error),
         ),
       membership: (members, share) => this.dispatchEvent(new MembershipChangeEvent(members, share)),

@@ -51,14 +51,15 @@
  *    (swept awake by their watchers) see its shards freed by a live session.
  *
  * 8. The bell (protocol.ts, BELL): the member LISTENs on `pgleaderlock.<key1>` and rings it after
- *    its JOIN, RELEASE and LEAVE, and after taking a gone member's shards. Another's join, leave
+ *    its JOIN, RELEASE and LEAVE (a leave in `takeover: "fast"` unlocks, leaves and rings in one
+ *    statement, RELEASE_AND_LEAVE), and after taking a gone member's shards. Another's join, leave
  *    or end starts its next tick (no sooner than max(P, H / 4) after the last: anyone can notify)
  *    and moves its watcher at once; a release starts its next poll. Missing a bell only makes a
  *    member look at its next tick or poll. A flood of notifications on the channel (anyone can
  *    notify) makes it stop listening for a while ({@linkcode BELL_FLOOD_PER_S}).
  *
- * 9. Handovers skip the settle (`takeover: "fast"`): the bell after a RELEASE carries handover
- *    notices naming the shards unlocked (protocol.ts, `handoverNotices`; their terms ended first).
+ * 9. Handovers skip the settle (`takeover: "fast"`): the bell after a RELEASE (and a leave's)
+ *    carries handover notices naming the shards unlocked (protocol.ts, `handoverNotices`; their terms ended first).
  *    A grant that such a notice covers is announced at once; which notices count (the member
  *    session the views saw hold the shard, for a settle at least, its first notice, within 50 ms
  *    of the try-lock) is handover_notices.ts's.
@@ -96,6 +97,7 @@ import {
   observe,
   parseBell,
   release,
+  releaseAndLeave,
   ring,
   setUp,
   unlistenStatement,
@@ -125,12 +127,17 @@ export interface MemberConfig {
 
 /** What the member reports, in order, as it happens. */
 export interface MemberObserver {
-  acquired(key2: number, token: bigint, signal: AbortSignal): void;
-  released(key2: number, token: bigint, signal: AbortSignal, reason: ShardReleaseReason): void;
+  acquired(key2: number, token: bigint): void;
+  /**
+   * A term ended on purpose. `ended` is what the term's signals abort with (a
+   * `ShardTermEndedError`), the member's own already aborted.
+   */
+  released(key2: number, token: bigint, ended: unknown, reason: ShardReleaseReason): void;
+  /** A term was lost (see {@linkcode released} for `ended`). */
   lost(
     key2: number,
     token: bigint,
-    signal: AbortSignal,
+    ended: unknown,
     reason: ShardLostReason,
     error: unknown,
   ): void;
@@ -149,7 +156,11 @@ export interface MemberObserver {
 
 interface Term {
   readonly token: bigint;
-  readonly controller: AbortController;
+  /**
+   * Aborted when the term ends; made at the first use of its signal (a fenced statement): ending
+   * thousands of terms at once (a shutdown) aborted as many signals nobody listened to.
+   */
+  controller?: AbortController;
   /** The session the shard was taken on: the one its fenced statements may run on. */
   readonly session: LockSession | undefined;
   /** The shard's fenced scope, built at its first use (most terms never run a statement). */
@@ -526,7 +537,9 @@ export class GroupMember {
    * @returns The signal or `undefined`.
    */
   signalOf(key2: number): AbortSignal | undefined {
-    return this.#lease.valid ? this.#terms.get(key2)?.controller.signal : undefined;
+    if (!this.#lease.valid) return undefined;
+    const term = this.#terms.get(key2);
+    return term === undefined ? undefined : signalOf(term);
   }
 
   /**
@@ -943,6 +956,14 @@ export class GroupMember {
                 Math.min(END_TIMEOUT_MS / 2, Math.max(LEAVE_GRACE_MS, 2 * handoverPollMs)),
                 [],
               );
+            }
+            if (takeover !== "safe" && this.#joined) {
+              // One round trip: the shards, the member lock, then the bell with the handover
+              // notices, which reach the taker with its watcher's grant (three statements had
+              // the bell arrive after the taker's first try-locks: it settled those meanwhile).
+              await releaseAndLeave(session, key1, this.#memberId, held);
+              this.#joined = false;
+              return;
             }
             if (held.length > 0) await release(session, key1, held);
             if (this.#joined) await leave(session, key1, this.#memberId);
@@ -1884,22 +1905,22 @@ export class GroupMember {
 
   /** Starts the term of a shard this session holds under `token`: `acquired`. */
   #announce(key2: number, token: bigint): void {
-    const controller = new AbortController();
-    this.#terms.set(key2, { token, controller, session: this.#session });
-    this.#observer.acquired(key2, token, controller.signal);
+    this.#terms.set(key2, { token, session: this.#session });
+    this.#observer.acquired(key2, token);
   }
 
   /** The fenced scope of `term`, the term of `key2`, bound to the session it was taken on. */
   #scope(key2: number, term: Term): GroupShardTerm {
-    const { token, controller } = term;
+    const { token } = term;
+    const signal = signalOf(term);
     const facts = this.#facts!;
-    return new GroupShardTerm(key2, token, controller.signal, {
+    return new GroupShardTerm(key2, token, signal, {
       key1: this.#config.key1,
       leaseMs: this.#config.leaseMs,
       settings: this.#config.settings,
       role: facts.role,
       sessionAuthorization: facts.sessionAuthorization,
-      fenced: this.#fencedFor(key2, token, controller.signal, term.session),
+      fenced: this.#fencedFor(key2, token, signal, term.session),
       // The transaction's code gave the shard's lock up: its term ends now (its writes
       // committed under the fence); the member's other shards are not affected.
       notHeld: () => {
@@ -1946,27 +1967,26 @@ export class GroupMember {
     this.#adoptedUntil.delete(key2);
     this.#adoptedAt.delete(key2);
     const cause = causeOf(error);
-    term.controller.abort(
-      termEnded(this.#config.key1, key2, term.token, reason, cause),
-    );
+    const ended = termEnded(this.#config.key1, key2, term.token, reason, cause);
+    term.controller?.abort(ended);
     if (kind === "released") {
-      this.#observer.released(
-        key2,
-        term.token,
-        term.controller.signal,
-        reason as ShardReleaseReason,
-      );
+      this.#observer.released(key2, term.token, ended, reason as ShardReleaseReason);
     } else {
       this.#observer.lost(
         key2,
         term.token,
-        term.controller.signal,
+        ended,
         reason as ShardLostReason,
         cause === undefined ? undefined : wrapped ?? wrap(cause),
       );
     }
     return true;
   }
+}
+
+/** The signal of `term`, made at its first use. */
+function signalOf(term: Term): AbortSignal {
+  return (term.controller ??= new AbortController()).signal;
 }
 
 /**

@@ -167,6 +167,35 @@ SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8) AS left_group
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)`;
 
 /**
+ * A member's graceful leave in one round trip (`takeover: "fast"`, where a member unlocks before
+ * it leaves): unlocks the shards (key1 = `$1`, key2 in `$2`) as {@linkcode RELEASE} does, then
+ * the member lock `$3` as {@linkcode LEAVE} does (the member watching it, woken at that unlock,
+ * finds the shards free), then rings channel `$4` with the payloads `$5` as {@linkcode BELL}
+ * does (`left:<id>` and the handover notices: they arrive with the watcher's grant, so the taker
+ * needs no settle). Each step reads the one before (a member unlock after every shard's; a
+ * notification after the member unlock). Unlike a separate bell, a bell that fails here fails the
+ * statement; the unlocks stand (a session-level unlock is not undone by an error), and the member
+ * closes its session after its leave either way.
+ */
+export const RELEASE_AND_LEAVE = `/* pgleaderlock group leave */
+WITH released AS MATERIALIZED (
+  SELECT k.key2, pg_catalog.pg_advisory_unlock($1::pg_catalog.int4, k.key2) AS ok
+    FROM pg_catalog.unnest($2::pg_catalog.int4[]) AS k(key2)
+   WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)
+), departed AS MATERIALIZED (
+  SELECT pg_catalog.pg_advisory_unlock($3::pg_catalog.int8) AS ok
+    FROM (SELECT pg_catalog.count(*) AS n FROM released) AS after_release
+), rang AS MATERIALIZED (
+  SELECT pg_catalog.count(pg_catalog.pg_notify($4::pg_catalog.text, p.payload)) AS n
+    FROM departed, pg_catalog.unnest($5::pg_catalog.text[]) AS p(payload)
+   WHERE NOT pg_catalog.pg_is_in_recovery()
+)
+SELECT (SELECT pg_catalog.array_to_string(pg_catalog.array_agg(r.key2) FILTER (WHERE NOT r.ok), ',')
+          FROM released AS r) AS not_held,
+       (SELECT d.ok FROM departed AS d) AS left_group,
+       (SELECT g.n FROM rang AS g) AS rang`;
+
+/**
  * Rings the group's bell: one `pg_notify` on channel `$1` ({@linkcode bellChannel}) per payload
  * in `$2` ({@linkcode parseBell}: `joined:<id>`, `released`, `left:<id>`, `gone:<id>` when a
  * member's watcher saw member id go; after a release, also the {@linkcode handoverNotices} of the
@@ -527,6 +556,33 @@ export async function leave(
 ): Promise<boolean> {
   const [row] = await session.query(LEAVE, [memberKey(key1, memberId)]);
   return row?.left_group === true;
+}
+
+/**
+ * Runs {@linkcode RELEASE_AND_LEAVE}: unlocks `shards`, leaves, and rings `left:<memberId>` with
+ * the handover notices of the shards that were held.
+ *
+ * @param session The session.
+ * @param key1 The group's key1.
+ * @param memberId This member's id.
+ * @param shards The key2 values to unlock, their terms over.
+ * @returns The key2 values that were not held, and whether the member lock was.
+ */
+export async function releaseAndLeave(
+  session: LockSession,
+  key1: number,
+  memberId: number,
+  shards: readonly number[],
+): Promise<{ notHeld: number[]; left: boolean }> {
+  const payloads = [`left:${memberId >>> 0}`, ...handoverNotices(shards)];
+  const [row] = await session.query(RELEASE_AND_LEAVE, [
+    key1,
+    shards,
+    memberKey(key1, memberId),
+    bellChannel(key1),
+    payloads,
+  ]);
+  return { notHeld: parseList(row?.not_held), left: row?.left_group === true };
 }
 
 /** What a bell announces. */
