@@ -239,7 +239,12 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
     let moved = 0;
     for (const [k, pid] of after) if (before.get(k) !== pid) moved++;
 
-    // SIGKILL the oldest member: per shard, kill -> the new holder's acquired line.
+    // SIGKILL the oldest member once the join's work is over (the moves' drains, the watchers'
+    // make-before-break switches, the members' first ticks in the new membership: at 10,000 x
+    // 10 they kept both cores busy for about 2 s after the balance, and a process killed among
+    // them took 150-300 ms to die, its backend's locks held meanwhile). Per shard, kill -> the
+    // new holder's acquired line.
+    await new Promise((resolve) => setTimeout(resolve, SWITCH_GRACE_MS + 1000));
     const victim = all[0]!;
     const victimPid = victim.records.find((r) => r.type === "ready")?.backendPid;
     const victimShards = [...after.entries()].filter(([, pid]) => pid === victimPid).map(([k]) =>
@@ -481,7 +486,10 @@ const pg = await startPostgres({
   settings: {
     max_connections: 1200,
     max_locks_per_transaction: 128,
+    // Every statement is logged (the idle rate counts them), without its parameters: logged in
+    // full, each try-lock statement of a takeover wrote thousands of keys on the way.
     log_statement: "all",
+    log_parameter_max_length: 0,
     log_line_prefix: "%a|",
   },
 });
@@ -561,8 +569,11 @@ member is a separate Deno process; times include process start-up (about 100-300
 - join: one more member's \`start()\` -> balanced over M+1 (in brackets: from spawning its
   process, which adds Deno's start-up and the module's load, 200-600 ms on this machine); moved
   = shards whose holder changed (minimum possible: floor(N/(M+1))).
-- failover: the oldest member SIGKILLed after the join; per shard it led, kill -> the new
-  holder's \`acquired\` event (one wall clock); p99 is nearest-rank. The member before it in
+- failover: the oldest member SIGKILLed ${
+  (SWITCH_GRACE_MS + 1000) / 1000
+} s after the join balanced (once its moves and watcher switches are over:
+  killed among them, a member process took 150-300 ms to die at 10,000 x 10); per shard it led,
+  kill -> the new holder's \`acquired\` event (one wall clock); p99 is nearest-rank. The member before it in
   the ring of member ids is woken by its watcher session and takes every shard at once; it
   rings the group's bell, and the others take their share from it about 100 ms later (kill ->
   balanced).
