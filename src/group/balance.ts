@@ -57,7 +57,22 @@ function fmix32(h: number): number {
  * @returns An unsigned 32-bit score.
  */
 export function score(key2: number, memberId: number): number {
-  return fmix32(Math.imul(fmix32(key2 ^ 0x5bd1e995), 0x9e3779b1) ^ fmix32(memberId >>> 0));
+  return mixScore(keyHash(key2), memberHash(memberId));
+}
+
+/** {@linkcode score}'s part that depends on the shard only. */
+function keyHash(key2: number): number {
+  return Math.imul(fmix32(key2 ^ 0x5bd1e995), 0x9e3779b1);
+}
+
+/** {@linkcode score}'s part that depends on the member only. */
+function memberHash(memberId: number): number {
+  return fmix32(memberId >>> 0);
+}
+
+/** {@linkcode score} from its two parts (an assignment hashes each shard and member once). */
+function mixScore(keyPart: number, memberPart: number): number {
+  return fmix32(keyPart ^ memberPart);
 }
 
 const RADIX_BITS = 11;
@@ -136,8 +151,12 @@ export function assignShards(
   // Pairs in order of decreasing score, ties by index (shard-major): a stable radix sort of the
   // inverted scores over the indices in ascending order.
   const inverted = new Uint32Array(pairs);
+  const memberParts = ids.map(memberHash);
   for (let s = 0; s < n; s++) {
-    for (let j = 0; j < m; j++) inverted[s * m + j] = 0xffffffff - score(keys[s]!, ids[j]!);
+    const keyPart = keyHash(keys[s]!);
+    for (let j = 0; j < m; j++) {
+      inverted[s * m + j] = 0xffffffff - mixScore(keyPart, memberParts[j]!);
+    }
   }
   const order = radixOrder(inverted);
   const q = Math.floor(n / m);
