@@ -59,10 +59,10 @@
  *    notify) makes it stop listening for a while ({@linkcode BELL_FLOOD_PER_S}).
  *
  * 9. Handovers skip the settle (`takeover: "fast"`): the bell after a RELEASE (and a leave's)
- *    carries handover notices naming the shards unlocked (protocol.ts, `handoverNotices`; their terms ended first).
- *    A grant that such a notice covers is announced at once; which notices count (the member
- *    session the views saw hold the shard, for a settle at least, its first notice, within 50 ms
- *    of the try-lock) is handover_notices.ts's.
+ *    carries handover notices naming the shards unlocked (protocol.ts, `handoverNotices`; their
+ *    terms ended first). A grant that such a notice covers is announced at once; which notices
+ *    count (the member session the views saw hold the shard, for a settle at least, its first
+ *    notice, within 50 ms of the try-lock) is handover_notices.ts's.
  *
  * The member session never waits in PostgreSQL's lock queue, so none of its statements needs a
  * client-side timeout on a lock wait; each is bounded by the lease (the session is closed when it

@@ -560,7 +560,7 @@ export async function leave(
 
 /**
  * Runs {@linkcode RELEASE_AND_LEAVE}: unlocks `shards`, leaves, and rings `left:<memberId>` with
- * the handover notices of the shards that were held.
+ * the handover notices of `shards` (as the separate bell after a RELEASE names them).
  *
  * @param session The session.
  * @param key1 The group's key1.
