@@ -2001,18 +2001,11 @@ async function announcingWhile(
   clock: () => number,
   announce: () => void,
 ): Promise<void> {
-  let answered = false;
-  const settled = answer.then(() => answered = true, () => answered = true);
-  for (;;) {
-    const at = readyAt();
-    if (at === undefined || answered) return;
-    const wait = at - clock();
-    if (wait > 0) {
-      let timer: ReturnType<typeof setTimeout> | undefined;
-      await Promise.race([settled, new Promise((resolve) => timer = setTimeout(resolve, wait))]);
-      clearTimeout(timer);
-      if (answered) return;
-    }
+  const answered = new AbortController();
+  answer.then(() => answered.abort(), () => answered.abort());
+  for (let at = readyAt(); at !== undefined; at = readyAt()) {
+    if (at > clock()) await sleep(at - clock(), [answered.signal]);
+    if (answered.signal.aborted) return;
     announce();
     const next = readyAt();
     if (next !== undefined && next <= clock()) return;
