@@ -1921,12 +1921,16 @@ export class GroupMember {
       role: facts.role,
       sessionAuthorization: facts.sessionAuthorization,
       fenced: this.#fencedFor(key2, token, signal, term.session),
-      // The transaction's code gave the shard's lock up: its term ends now (its writes
-      // committed under the fence); the member's other shards are not affected.
+      // The transaction's code gave the shard's lock up (its writes committed under the
+      // fence). It may have given up more: pg_advisory_unlock_all() frees every shard and the
+      // member lock too, and the member watching this one takes them at once (an adversarial
+      // run: two leaders of the other shards for 170-220 ms, until the next tick). Every term
+      // ends now, and a tick starts at once to see what the session still holds (the shards
+      // still locked are unlocked and taken again; a member lock gone means a new session).
       notHeld: () => {
-        if (this.#terms.get(key2)?.token === token) {
-          this.#endTerm(key2, "lost", "not-held", undefined);
-        }
+        if (this.#terms.get(key2)?.token !== token) return;
+        for (const k of [...this.#terms.keys()]) this.#endTerm(k, "lost", "not-held", undefined);
+        this.#wake.abort();
       },
     });
   }

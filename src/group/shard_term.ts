@@ -25,8 +25,9 @@ export interface ShardTermFence {
    * `Term.query()`'s guarantee: a write of this term cannot commit after another member leads the
    * shard. Refused once the term ended; it waits its turn behind the member's own statements
    * (and delays them meanwhile, within the lease). A statement that gives the shard's lock up
-   * (`pg_advisory_unlock_all()`) commits under the fence and ends this shard's term (`lost`,
-   * `not-held`); the member's other shards are unaffected.
+   * (`pg_advisory_unlock_all()`) commits under the fence and ends every term of the member
+   * (`lost`, `not-held`: the statement may have freed its other shards and its membership too);
+   * the member looks at once and takes again what it still may lead.
    *
    * @param sql The SQL, with `$n` placeholders.
    * @param params The parameters.

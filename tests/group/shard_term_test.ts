@@ -13,7 +13,7 @@ import { until } from "../_helpers.ts";
 
 Deno.test({
   name: "A shard term's query() and transaction() run fenced on the member's session, and a " +
-    "statement that unlocks its shard ends only that shard's term",
+    "statement that unlocks its shard ends every term of the member, which leads them again",
   sanitizeResources: false,
   sanitizeOps: false,
 }, async () => {
@@ -57,21 +57,33 @@ Deno.test({
   assert.equal(count?.n, 9);
   await assert.rejects(t0.query("BEGIN"), RangeError);
 
-  // A statement that gives shard 1's lock up commits under the fence and ends that term only.
+  // A statement that gives shard 1's lock up commits under the fence and ends every term of the
+  // member (it could have freed the others too: pg_advisory_unlock_all(), tests/group/
+  // unlock_all_test.ts).
   const t1 = terms.get(1)!;
+  const t2 = terms.get(2)!;
   await t1.query("SELECT pg_advisory_unlock($1, 1)", [key1]);
   assert.ok(t1.signal.aborted, "shard 1's term ended");
   assert.ok(t1.signal.reason instanceof ShardTermEndedError);
-  assert.deepEqual(lost, [{ key2: 1, reason: "not-held" }]);
-  assert.ok(!t0.signal.aborted && !terms.get(2)!.signal.aborted, "the other terms go on");
+  assert.ok(t0.signal.aborted && t2.signal.aborted, "the other terms ended too");
+  assert.deepEqual(
+    lost.toSorted((a, b) => a.key2 - b.key2),
+    [0, 1, 2].map((key2) => ({ key2, reason: "not-held" })),
+  );
   await assert.rejects(t1.query("SELECT 1"), ShardTermEndedError);
-  // The member takes shard 1 again with a new term.
-  await until(() => terms.get(1) !== t1, 5000, "a new term of shard 1");
-  assert.ok(terms.get(1)!.fencingToken > t1.fencingToken);
+  await assert.rejects(t0.query("SELECT 1"), ShardTermEndedError);
+  // The member leads every shard again with new terms.
+  await until(
+    () => [t0, t1, t2].every((t) => terms.get(t.key2) !== t),
+    5000,
+    "new terms of the three shards",
+  );
+  for (const t of [t0, t1, t2]) assert.ok(terms.get(t.key2)!.fencingToken > t.fencingToken);
 
   await group.shutdown();
-  assert.ok(t0.signal.aborted);
-  await assert.rejects(t0.query("SELECT 1"), ShardTermEndedError);
+  const last = terms.get(0)!;
+  assert.ok(last.signal.aborted);
+  await assert.rejects(last.query("SELECT 1"), ShardTermEndedError);
 });
 
 Deno.test({
