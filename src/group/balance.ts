@@ -113,6 +113,116 @@ function radixOrder(keys: Uint32Array): Uint32Array {
 }
 
 /**
+ * The shard keys of one `shards` list, sorted and checked once (a member passes the same list to
+ * every {@linkcode assignShards} call: the sort and the index were most of an assignment's cost
+ * in a tick after a membership change).
+ */
+interface ShardIndex {
+  /** The key2 values, ascending. */
+  readonly keys: readonly number[];
+  /** key2 -> its position in `keys`. */
+  readonly indexOf: ReadonlyMap<number, number>;
+}
+
+const shardIndexes = new WeakMap<readonly number[], ShardIndex>();
+
+/**
+ * The {@linkcode ShardIndex} of `shards` (cached per list; the list is never modified).
+ *
+ * @throws {RangeError} When a key repeats.
+ */
+function shardIndex(shards: readonly number[]): ShardIndex {
+  const cached = shardIndexes.get(shards);
+  if (cached) return cached;
+  const keys = [...shards].sort((a, b) => a - b);
+  for (let i = 1; i < keys.length; i++) {
+    if (keys[i] === keys[i - 1]) throw new RangeError(`Shard key2 ${keys[i]} appears twice`);
+  }
+  const index = { keys, indexOf: new Map(keys.map((k, i) => [k, i])) };
+  shardIndexes.set(shards, index);
+  return index;
+}
+
+/**
+ * What an {@linkcode Assignment} made here is, as arrays: its shard index, and per shard
+ * position the index of its owner in `members` ({@linkcode keepHolding} works on these instead of
+ * the maps).
+ */
+interface Dense {
+  readonly index: ShardIndex;
+  readonly owner: Int32Array;
+}
+
+const denseOf = new WeakMap<Assignment, Dense>();
+
+/**
+ * An assignment's `ownerOf`, read from its dense form: building a map of every shard was most of
+ * what was left of an assignment's cost, and a member looks up a few shards in it.
+ */
+class OwnerMap implements ReadonlyMap<number, number> {
+  readonly #members: readonly number[];
+  readonly #index: ShardIndex;
+  readonly #owner: Int32Array;
+
+  constructor(members: readonly number[], index: ShardIndex, owner: Int32Array) {
+    this.#members = members;
+    this.#index = index;
+    this.#owner = owner;
+  }
+
+  get size(): number {
+    return this.#index.keys.length;
+  }
+
+  get(key2: number): number | undefined {
+    const s = this.#index.indexOf.get(key2);
+    return s === undefined ? undefined : this.#members[this.#owner[s]!];
+  }
+
+  has(key2: number): boolean {
+    return this.#index.indexOf.has(key2);
+  }
+
+  *entries(): MapIterator<[number, number]> {
+    const { keys } = this.#index;
+    for (let s = 0; s < keys.length; s++) yield [keys[s]!, this.#members[this.#owner[s]!]!];
+  }
+
+  *keys(): MapIterator<number> {
+    yield* this.#index.keys;
+  }
+
+  *values(): MapIterator<number> {
+    for (const j of this.#owner) yield this.#members[j]!;
+  }
+
+  forEach(
+    callback: (value: number, key: number, map: ReadonlyMap<number, number>) => void,
+    thisArg?: unknown,
+  ): void {
+    for (const [k, v] of this.entries()) callback.call(thisArg, v, k, this);
+  }
+
+  [Symbol.iterator](): MapIterator<[number, number]> {
+    return this.entries();
+  }
+}
+
+/** Builds the public form of an assignment from its dense form. */
+function publish(members: readonly number[], index: ShardIndex, owner: Int32Array): Assignment {
+  const lists: number[][] = members.map(() => []);
+  const { keys } = index;
+  for (let s = 0; s < keys.length; s++) lists[owner[s]!]!.push(keys[s]!);
+  const assignment: Assignment = {
+    members,
+    byMember: new Map(members.map((id, j) => [id, lists[j]!])),
+    ownerOf: new OwnerMap(members, index, owner),
+  };
+  denseOf.set(assignment, { index, owner });
+  return assignment;
+}
+
+/**
  * Assigns every shard to one member, each member getting floor(N/M) or ceil(N/M) shards.
  *
  * @example Ten shards over three members
@@ -134,19 +244,17 @@ export function assignShards(
   shards: readonly number[],
   members: readonly number[],
 ): Assignment {
-  const keys = [...shards].sort((a, b) => a - b);
+  const index = shardIndex(shards);
+  const { keys } = index;
   const ids = [...members].map((m) => m >>> 0).sort((a, b) => a - b);
-  for (let i = 1; i < keys.length; i++) {
-    if (keys[i] === keys[i - 1]) throw new RangeError(`Shard key2 ${keys[i]} appears twice`);
-  }
   for (let i = 1; i < ids.length; i++) {
     if (ids[i] === ids[i - 1]) throw new RangeError(`Member id ${ids[i]} appears twice`);
   }
   const n = keys.length;
   const m = ids.length;
-  const byMember = new Map<number, number[]>(ids.map((id) => [id, []]));
-  const ownerOf = new Map<number, number>();
-  if (m === 0 || n === 0) return { members: ids, byMember, ownerOf };
+  if (m === 0 || n === 0) {
+    return { members: ids, byMember: new Map(ids.map((id) => [id, []])), ownerOf: new Map() };
+  }
   const pairs = n * m;
   // Pairs in order of decreasing score, ties by index (shard-major): a stable radix sort of the
   // inverted scores over the indices in ascending order.
@@ -178,12 +286,7 @@ export function assignShards(
       assigned++;
     }
   }
-  for (let s = 0; s < n; s++) {
-    const id = ids[owner[s]!]!;
-    byMember.get(id)!.push(keys[s]!);
-    ownerOf.set(keys[s]!, id);
-  }
-  return { members: ids, byMember, ownerOf };
+  return publish(ids, index, owner);
 }
 
 /**
@@ -235,57 +338,92 @@ export function keepHolding(
   holderOf: ReadonlyMap<number, number>,
 ): Assignment {
   const { members } = base;
-  const heldBy = new Map<number, number[]>(members.map((id) => [id, []]));
+  const dense = denseOf.get(base) ?? densify(base);
+  const { index } = dense;
+  const baseOwner = dense.owner;
+  const { keys, indexOf } = index;
+  const n = keys.length;
+  const m = members.length;
+  const memberIndex = new Map(members.map((id, j) => [id, j]));
+  const quota = new Int32Array(m);
+  for (let s = 0; s < n; s++) quota[baseOwner[s]!]!++;
+  // Who holds each shard (a member's index, -1 for none), and how many each holds.
+  const holder = new Int32Array(n).fill(-1);
+  const held = new Int32Array(m);
   for (const [k, id] of holderOf) {
-    if (base.ownerOf.has(k)) heldBy.get(id)?.push(k);
+    const s = indexOf.get(k);
+    const j = memberIndex.get(id);
+    if (s === undefined || j === undefined) continue;
+    holder[s] = j;
+    held[j]!++;
   }
-  const owner = new Map<number, number>();
-  const room = new Map<number, number>();
-  for (const id of members) {
-    const held = heldBy.get(id)!;
-    const quota = base.byMember.get(id)!.length;
-    let keep = held;
-    if (held.length > quota) {
-      // Its shards in base first (at most its quota: base gives it that many), then the
-      // highest-scoring of the others it holds.
-      const mine = held.filter((k) => base.ownerOf.get(k) === id);
-      const rest = held.filter((k) => base.ownerOf.get(k) !== id)
-        .sort((a, b) => score(b, id) - score(a, id) || a - b);
-      keep = [...mine, ...rest.slice(0, quota - mine.length)];
-    }
-    for (const k of keep) owner.set(k, id);
-    room.set(id, quota - keep.length);
-  }
-  const rest: number[] = [];
-  for (const [k, preferred] of base.ownerOf) {
-    if (owner.has(k)) continue;
-    const left = room.get(preferred)!;
-    if (left > 0) {
-      owner.set(k, preferred);
-      room.set(preferred, left - 1);
+  const owner = new Int32Array(n).fill(-1);
+  const kept = new Int32Array(m);
+  // Every member keeps what it holds up to its quota: its shards in base first (at most its
+  // quota: base gives it that many), then the highest-scoring of the others it holds.
+  const over: number[][] = members.map(() => []);
+  for (let s = 0; s < n; s++) {
+    const j = holder[s]!;
+    if (j === -1) continue;
+    if (baseOwner[s] === j || held[j]! <= quota[j]!) {
+      owner[s] = j;
+      kept[j]!++;
     } else {
-      rest.push(k);
+      over[j]!.push(s);
+    }
+  }
+  for (let j = 0; j < m; j++) {
+    const list = over[j]!;
+    if (list.length === 0) continue;
+    const id = members[j]!;
+    const byScore = list.map((s) => ({ s, score: score(keys[s]!, id) }))
+      .sort((a, b) => b.score - a.score || keys[a.s]! - keys[b.s]!);
+    for (const { s } of byScore) {
+      if (kept[j]! >= quota[j]!) break;
+      owner[s] = j;
+      kept[j]!++;
+    }
+  }
+  const room = new Int32Array(m);
+  for (let j = 0; j < m; j++) room[j] = quota[j]! - kept[j]!;
+  // Every other shard: to its owner in base when that one has room, else in order of
+  // decreasing score (ties by shard, then member).
+  const rest: number[] = [];
+  for (let s = 0; s < n; s++) {
+    if (owner[s] !== -1) continue;
+    const preferred = baseOwner[s]!;
+    if (room[preferred]! > 0) {
+      owner[s] = preferred;
+      room[preferred]!--;
+    } else {
+      rest.push(s);
     }
   }
   if (rest.length > 0) {
-    const open = members.filter((id) => room.get(id)! > 0);
-    const pairs: { s: number; k: number; id: number }[] = [];
-    for (const k of rest) for (const id of open) pairs.push({ s: score(k, id), k, id });
-    pairs.sort((a, b) => b.s - a.s || a.k - b.k || a.id - b.id);
-    for (const { k, id } of pairs) {
-      if (owner.has(k)) continue;
-      const left = room.get(id)!;
-      if (left === 0) continue;
-      owner.set(k, id);
-      room.set(id, left - 1);
+    const open: number[] = [];
+    for (let j = 0; j < m; j++) if (room[j]! > 0) open.push(j);
+    const pairs: { score: number; s: number; j: number }[] = [];
+    for (const s of rest) {
+      for (const j of open) pairs.push({ score: score(keys[s]!, members[j]!), s, j });
+    }
+    pairs.sort((a, b) =>
+      b.score - a.score || keys[a.s]! - keys[b.s]! || members[a.j]! - members[b.j]!
+    );
+    for (const { s, j } of pairs) {
+      if (owner[s] !== -1 || room[j] === 0) continue;
+      owner[s] = j;
+      room[j]!--;
     }
   }
-  const byMember = new Map<number, number[]>(members.map((id) => [id, []]));
-  const ownerOf = new Map<number, number>();
-  for (const k of base.ownerOf.keys()) {
-    const id = owner.get(k)!;
-    byMember.get(id)!.push(k);
-    ownerOf.set(k, id);
-  }
-  return { members, byMember, ownerOf };
+  return publish(members, index, owner);
+}
+
+/** The dense form of an assignment not made by {@linkcode assignShards} (built by hand). */
+function densify(base: Assignment): Dense {
+  const keys = [...base.ownerOf.keys()].sort((a, b) => a - b);
+  const index = { keys, indexOf: new Map(keys.map((k, i) => [k, i])) };
+  const memberIndex = new Map(base.members.map((id, j) => [id, j]));
+  const owner = new Int32Array(keys.length);
+  for (let s = 0; s < keys.length; s++) owner[s] = memberIndex.get(base.ownerOf.get(keys[s]!)!)!;
+  return { index, owner };
 }
