@@ -24,7 +24,10 @@
  *   leaving member's shards plus a few.
  * - Cost: O(N·M) time (a radix sort of the pairs) and O(N·M) memory, paid when the membership
  *   changes (about 3 ms for 10,000 shards and 10 members on the benchmark machine; the comparison
- *   sort it replaced took 8-14).
+ *   sort it replaced took 8-14). {@linkcode keepHolding}, run by every tick whose view of the
+ *   holdings changed, works on arrays over the shard positions (2.5-5 ms at 10,000 shards; 7-20
+ *   with maps), and an assignment's `ownerOf` reads those arrays instead of a map of every shard:
+ *   after a join, eleven members computed this at once on two cores.
  *
  * @module
  */

@@ -153,3 +153,31 @@ Deno.test("keepHolding gives free shards and those of non-members to members wit
   const kept = a.byMember.get(members[0]!)!.filter((s) => s < 250).length;
   assert.equal(kept, a.byMember.get(members[0]!)!.length);
 });
+
+Deno.test("an assignment's ownerOf answers as a map of every shard, and a hand-built assignment gives keepHolding the same result", () => {
+  const shards = [40, -7, 3, 1000, 12, 5, 99, 0];
+  const members = ids(3, 77);
+  const a = assignShards(shards, members);
+  const asMap = new Map<number, number>();
+  for (const [id, list] of a.byMember) for (const k of list) asMap.set(k, id);
+  assert.equal(a.ownerOf.size, shards.length);
+  assert.deepEqual([...a.ownerOf], [...asMap].sort(([x], [y]) => x - y));
+  assert.deepEqual([...a.ownerOf.keys()], [...shards].sort((x, y) => x - y));
+  assert.deepEqual([...a.ownerOf.values()], [...a.ownerOf].map(([, id]) => id));
+  for (const k of shards) {
+    assert.equal(a.ownerOf.get(k), asMap.get(k));
+    assert.ok(a.ownerOf.has(k));
+  }
+  assert.equal(a.ownerOf.get(1), undefined);
+  assert.equal(a.ownerOf.has(1), false);
+  const seen: [number, number][] = [];
+  a.ownerOf.forEach((id, k) => seen.push([k, id]));
+  assert.deepEqual(seen, [...a.ownerOf]);
+  // The same assignment as plain maps (no dense form): keepHolding agrees.
+  const byHand = { members: a.members, byMember: a.byMember, ownerOf: asMap };
+  const holdings = new Map([[40, members[0]!], [-7, members[0]!], [3, members[0]!], [5, 123]]);
+  const fromDense = keepHolding(a, holdings);
+  const fromHand = keepHolding(byHand, holdings);
+  assert.deepEqual([...fromHand.ownerOf].sort(([x], [y]) => x - y), [...fromDense.ownerOf]);
+  assert.deepEqual([...fromHand.byMember], [...fromDense.byMember]);
+});
