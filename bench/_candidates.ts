@@ -8,10 +8,11 @@
 import pg from "pg";
 import { type DenoProcess, spawnDeno, type TestPostgres } from "../testing.ts";
 import type { BenchCandidateConfig } from "./candidate.ts";
+import { wallNow } from "../src/testing/_wall_clock.ts";
 
 /** Wall-clock milliseconds on the clock the candidates print (`t`). */
 export function now(): number {
-  return performance.timeOrigin + performance.now();
+  return wallNow();
 }
 
 /** One term of leadership of one candidate. */

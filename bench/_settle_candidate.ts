@@ -3,7 +3,7 @@
  * takes commands on stdin, so the benchmark can fault it while it leads.
  *
  * Every stdout line is one JSON object with `t` = epoch milliseconds from
- * `performance.timeOrigin + performance.now()`, one clock for every process on the machine:
+ * `wallNow()` (src/testing/_wall_clock.ts), one clock for every process on the machine:
  *
  * - `ready` once the first session is open; `acquired` (`token`, `backendPid`, `grantedAt`: when
  *   the statement that took the lock returned, before `settleMs`); `claim-end` (`token`) the
@@ -35,6 +35,7 @@
 // @ts-types="../src/pg/_pg.d.ts"
 import pg from "pg";
 import { FixedInterval, LeaderLock, type PgClient } from "../mod.ts";
+import { wallNow } from "../src/testing/_wall_clock.ts";
 
 /** The JSON a settle candidate takes as its first argument. */
 export interface SettleCandidateConfig {
@@ -70,7 +71,7 @@ const LOCKING = /pg_(try_)?advisory_lock\(/;
 const TERM_INSERT = "INSERT INTO settle_term_writes (id, token) VALUES ($1::int, $2::numeric)";
 
 function now(): number {
-  return performance.timeOrigin + performance.now();
+  return wallNow();
 }
 
 function emit(record: Record<string, unknown>, t = now()): void {

@@ -2,7 +2,7 @@
  * A LeaderLock candidate process for the benchmark.
  *
  * It speaks the line protocol of `src/testing/candidate.ts` (one JSON object per line on stdout,
- * each with `t` = epoch milliseconds from `performance.timeOrigin + performance.now()`, one clock
+ * each with `t` = epoch milliseconds from `wallNow()` (src/testing/_wall_clock.ts), one clock
  * for every process on the machine) and adds what the benchmark needs:
  *
  * - SIGUSR2 calls `lock.stepDown()` (the step-down fault); SIGTERM shuts down gracefully.
@@ -36,6 +36,7 @@
 import pg from "pg";
 import { retryStrategyFrom, runCandidate } from "../src/testing/candidate.ts";
 import { LeaderLock, type LeaderLockOptions, type PgClient } from "../mod.ts";
+import { wallNow } from "../src/testing/_wall_clock.ts";
 
 /** The JSON a bench candidate takes as its first argument. */
 export interface BenchCandidateConfig
@@ -51,7 +52,7 @@ export interface BenchCandidateConfig
 }
 
 function now(): number {
-  return performance.timeOrigin + performance.now();
+  return wallNow();
 }
 
 function emit(record: Record<string, unknown>, t = now()): void {

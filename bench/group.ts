@@ -403,9 +403,12 @@ async function runLockFailover(pg: TestPostgres, key1: number, trials: number): 
   await Deno.writeTextFile(
     script,
     `import { LeaderLock } from ${JSON.stringify(new URL("../mod.ts", import.meta.url).href)};
+import { wallNow } from ${
+      JSON.stringify(new URL("../src/testing/_wall_clock.ts", import.meta.url).href)
+    };
 const lock = new LeaderLock({ dsn: Deno.args[0], key1: Number(Deno.args[1]), key2: 0 });
 lock.addEventListener("acquired", () => {
-  console.log(JSON.stringify({ type: "acquired", t: performance.timeOrigin + performance.now() }));
+  console.log(JSON.stringify({ type: "acquired", t: wallNow() }));
 });
 await lock.start();
 await new Promise(() => {});

@@ -34,7 +34,7 @@
  * Each at `settleMs` 10 (the default) and 100; the baseline also at 0. The old leader's claim
  * ends when its `isLeader` goes false (`claim-end`: its `statechange` out of `leader`, or its
  * 1 ms sampler); the new leader's starts at its `acquired`. **Overlap** is claim end minus announcement, when positive.
- * Timestamps are `performance.timeOrigin + performance.now()` in each process; the bench pings
+ * Timestamps are `wallNow()` (src/testing/_wall_clock.ts) in each process; the bench pings
  * each candidate to estimate the offset between the clocks (`clockOffsetMs`).
  *
  * While leading, each candidate writes its fencing token every 20 ms to a token-guarded row
@@ -58,6 +58,7 @@ import pg, { type Client } from "pg";
 import { startPostgres, startTcpProxy, type TcpProxy, type TestPostgres } from "../testing.ts";
 import { cpuStallMs, round, summarize, type Summary } from "./_stats.ts";
 import type { SettleCandidateConfig } from "./_settle_candidate.ts";
+import { wallNow } from "../src/testing/_wall_clock.ts";
 
 /** One way of making the leader slow to hear of its killed backend. */
 type Scenario =
@@ -181,7 +182,7 @@ const OUT = flag("--out") !== undefined
   : new URL(QUICK ? "./results/quick/" : "./results/", import.meta.url);
 
 function now(): number {
-  return performance.timeOrigin + performance.now();
+  return wallNow();
 }
 
 function sleep(ms: number): Promise<void> {

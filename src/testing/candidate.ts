@@ -14,13 +14,15 @@
  *   received), `{"type":"stopped"}`.
  *
  * `t` is milliseconds since the Unix epoch with sub-millisecond precision
- * (`performance.timeOrigin + performance.now()`), one clock for every process on the machine.
+ * (`_wall_clock.ts`: kept within a millisecond of the system clock), one clock for every process
+ * on the machine.
  * SIGTERM and SIGINT shut the lock down cleanly and exit 0; SIGUSR2 calls `stepDown()` (not SIGUSR1: Deno 2.9.2+ opens its inspector on that).
  *
  * @module
  */
 import { LeaderLock, type LeaderLockOptions } from "../lock/leader_lock.ts";
 import { ExponentialBackoff, FixedInterval, type RetryStrategy } from "../engine/retry.ts";
+import { wallNow, wallTimeOf } from "./_wall_clock.ts";
 
 /** The JSON a candidate takes as its first argument. */
 export interface CandidateConfig
@@ -33,7 +35,7 @@ export interface CandidateConfig
 
 /** Wall-clock milliseconds with sub-millisecond precision, comparable across processes. */
 export function now(): number {
-  return performance.timeOrigin + performance.now();
+  return wallNow();
 }
 
 function emit(record: Record<string, unknown>): void {
@@ -85,7 +87,7 @@ async function main(args: string[]): Promise<void> {
     emit({
       type: "lease",
       token: String(e.fencingToken),
-      until: performance.timeOrigin + e.leaseExpiresAt,
+      until: wallTimeOf(e.leaseExpiresAt),
     });
   });
   lock.addEventListener("lost", (e) => {

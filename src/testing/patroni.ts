@@ -22,6 +22,7 @@ import { freePort } from "./_free_port.ts";
 import { PgClient } from "./_pg.ts";
 import { isAlive, trySignal } from "./_process_tree.ts";
 import { asUser, run, type ServiceUser, serviceUser } from "./_run.ts";
+import { wallNow } from "./_wall_clock.ts";
 
 /** Where Patroni, etcd and HAProxy are, and which of them are missing. */
 export interface PatroniStack {
@@ -317,11 +318,6 @@ function wholeSeconds(name: string, value: number, min: number): void {
 function randomHex(bytes: number): string {
   return Array.from(crypto.getRandomValues(new Uint8Array(bytes)))
     .map((b) => b.toString(16).padStart(2, "0")).join("");
-}
-
-/** Wall-clock ms with sub-ms precision: the clock the kit's candidates print. */
-function wallNow(): number {
-  return performance.timeOrigin + performance.now();
 }
 
 function sleep(ms: number): Promise<void> {

@@ -28,6 +28,7 @@ import { type DenoProcess, spawnDeno } from "./processes.ts";
 import { processState } from "./_process_tree.ts";
 import { startTcpProxy, type TcpProxy } from "./proxy.ts";
 import { mulberry32 } from "./_prng.ts";
+import { wallNow } from "./_wall_clock.ts";
 
 /** The faults a scenario can inject. */
 export type FaultKind =
@@ -191,10 +192,7 @@ export interface FleetOptions {
   maxLeaderlessMs?: number;
 }
 
-/** Wall-clock milliseconds with sub-millisecond precision, the candidates' clock. */
-export function wallNow(): number {
-  return performance.timeOrigin + performance.now();
-}
+export { wallNow };
 
 const CANDIDATE = new URL("./candidate.ts", import.meta.url);
 const LINE_TIMEOUT_MS = 30_000;

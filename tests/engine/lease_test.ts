@@ -2,6 +2,7 @@ import { assert, assertEquals } from "../_assert.ts";
 import { LeaderLock, type LostEvent } from "../../mod.ts";
 import { spawnDeno, startPostgres, startTcpProxy, waitForLine } from "../../testing.ts";
 import { fastOptions, freshKeys, record, shutdownAll, until } from "../_helpers.ts";
+import { wallNow } from "../../src/testing/_wall_clock.ts";
 
 const CANDIDATE = new URL("../../src/testing/candidate.ts", import.meta.url);
 
@@ -21,7 +22,7 @@ Deno.test("LeaderLock under faults on a real PostgreSQL", async (t) => {
     await using b = spawnDeno(CANDIDATE, { args: [config] });
     await waitForLine(b, '"type":"ready"', { timeoutMs: 15_000 });
     await new Promise((r) => setTimeout(r, 100)); // b waits inside the lock queue
-    const killedAt = performance.timeOrigin + performance.now();
+    const killedAt = wallNow();
     a.kill("SIGKILL");
     const line = await waitForLine(b, '"type":"acquired"', { timeoutMs: 5000 });
     const ms = JSON.parse(line).t - killedAt;

@@ -7,12 +7,12 @@
 import { type CandidateLog, type CandidateRecord, checkTerms } from "../../testing.ts";
 import type { CheckReport, FreezeInterval } from "../../src/testing/checker.ts";
 import type { TestPostgres } from "../../testing.ts";
+import { wallNow } from "../../src/testing/_wall_clock.ts";
 
 const MEMBER_SCRIPT = new URL("./_member.ts", import.meta.url).pathname;
 const CONFIG = new URL("../../deno.json", import.meta.url).pathname;
 
-/** The wall clock every process shares. */
-export const wallNow = (): number => performance.timeOrigin + performance.now();
+export { wallNow };
 
 /** A member record as printed by `_member.ts`. */
 export type MemberRecord = CandidateRecord & {

@@ -1,7 +1,7 @@
 /**
  * A LeaderGroup member process for the group tests and the benchmark. Reads its options as JSON
  * from the first argument and prints one JSON line per event, timestamped on the wall clock
- * shared by all processes (`performance.timeOrigin + performance.now()`): `starting` (just
+ * shared by all processes (`src/testing/_wall_clock.ts`): `starting` (just
  * before `start()`), `ready`, `membership`, `acquired`/`released`/`lost` (with `key2` and
  * `token`), `lease` (the wall-clock moment the lease of every held shard runs out unless
  * renewed), `error`, `stopped`.
@@ -11,8 +11,9 @@
  */
 import { FixedInterval } from "../../src/engine/retry.ts";
 import { LeaderGroup, type LeaderGroupOptions } from "../../src/group/leader_group.ts";
+import { wallNow, wallTimeOf } from "../../src/testing/_wall_clock.ts";
 
-const now = () => performance.timeOrigin + performance.now();
+const now = () => wallNow();
 const encoder = new TextEncoder();
 let lines: string[] = [];
 /** Writes the lines printed since the last flush (one write, not one per event). */
@@ -59,7 +60,7 @@ group.addEventListener("membershipchange", (e) => {
 });
 if (!quiet) {
   group.addEventListener("renewed", (e) => {
-    print({ type: "lease", until: performance.timeOrigin + e.deadline, shards: e.shards });
+    print({ type: "lease", until: wallTimeOf(e.deadline), shards: e.shards });
   });
 }
 group.addEventListener("error", (e) => {

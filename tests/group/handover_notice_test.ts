@@ -24,6 +24,7 @@ import {
   violations,
   waitForView,
 } from "./_harness.ts";
+import { wallNow } from "../../src/testing/_wall_clock.ts";
 
 const N = 24;
 const HEALTH_MS = 1000;
@@ -127,7 +128,7 @@ Deno.test({
         assert.equal(theirs.length, N / 2);
         // a moved b's shards to b: a notice counts once a's own view (a tick) saw b hold them.
         await new Promise((resolve) => setTimeout(resolve, 2 * HEALTH_MS));
-        const leftAt = performance.timeOrigin + performance.now();
+        const leftAt = wallNow();
         await b.leave();
         await until(
           () => takenBy(a, theirs, leftAt).every((t) => t !== undefined),
@@ -231,7 +232,7 @@ Deno.test({
     const cShards = c.records.filter((r) => r.type === "acquired").map((r) => r.key2!);
     const backend = c.records.find((r) => r.type === "ready")!.backendPid!;
     c.freeze();
-    const terminatedAt = performance.timeOrigin + performance.now();
+    const terminatedAt = wallNow();
     assert.equal(await pg.terminateBackend(backend), true);
     await new Promise((resolve) => setTimeout(resolve, 500));
     c.thaw();
@@ -290,7 +291,7 @@ Deno.test({
       foreign[i]!.query(`SELECT pg_advisory_lock($1::int4, $2::int4)`, [key1, k])
     );
     await new Promise((resolve) => setTimeout(resolve, 50));
-    const terminatedAt = performance.timeOrigin + performance.now();
+    const terminatedAt = wallNow();
     assert.equal(await pg.terminateBackend(backend), true);
     await Promise.all(waits);
     // Held long enough for a's ticks to see them hold it, then unlocked with notices.
@@ -356,7 +357,7 @@ Deno.test({
     // member of a's role is announced within milliseconds (the first test of this file).
     await new Promise((resolve) => setTimeout(resolve, 2 * HEALTH_MS + SETTLE_MS));
     const theirs = b.records.filter((r) => r.type === "acquired").map((r) => r.key2!);
-    const leftAt = performance.timeOrigin + performance.now();
+    const leftAt = wallNow();
     await b.leave();
     await assertSettled(a, theirs, leftAt);
     await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));

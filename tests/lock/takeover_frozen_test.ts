@@ -9,6 +9,7 @@ import { assert } from "../_assert.ts";
 import { fastOptions, freshKeys, leadAndQueue, until, untilQueued } from "../_helpers.ts";
 import { LeaderLock, type TakeoverMode } from "../../mod.ts";
 import { startPostgres, type TestPostgres } from "../../testing.ts";
+import { wallNow } from "../../src/testing/_wall_clock.ts";
 
 const LEASE_MS = 3000;
 const HEALTH_MS = 1000;
@@ -63,7 +64,7 @@ async function frozenTakeover(pg: TestPostgres, takeover: TakeoverMode) {
     fastOptions(pg, keys, { leaseMs: LEASE_MS, healthIntervalMs: HEALTH_MS, takeover }),
   );
   let announcedAt: number | undefined;
-  next.addEventListener("acquired", () => announcedAt = performance.timeOrigin + performance.now());
+  next.addEventListener("acquired", () => announcedAt = wallNow());
   try {
     await until(() => old.lines.some((l) => l.event === "renewed"), 10_000, "the child to lead");
     await next.start();
@@ -73,7 +74,7 @@ async function frozenTakeover(pg: TestPostgres, takeover: TakeoverMode) {
     await until(() => old.lines.length > renewals, 5000, "the child's next health check");
     Deno.kill(old.child.pid, "SIGSTOP");
     const pid = Number(old.lines.find((l) => l.event === "acquired")!.pid);
-    const endedAt = performance.timeOrigin + performance.now();
+    const endedAt = wallNow();
     assert(await pg.terminateBackend(pid), "the frozen leader's backend was terminated");
     assert(await next.waitForLeadership({ timeoutMs: 3 * LEASE_MS }), "the follower leads");
     const oldUntil = Math.max(
