@@ -262,7 +262,10 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
       `${m} members balanced after the SIGKILL`,
       20,
     );
-    await new Promise((resolve) => setTimeout(resolve, 200));
+    // The leave, like the kill, comes once the failover's work is over (the others' share
+    // taken from the member that took everything, the watchers' switches): a leave among them
+    // waits for the leaver's tick in progress, and the taker's grant for the taker's.
+    await new Promise((resolve) => setTimeout(resolve, SWITCH_GRACE_MS + 1000));
     const firstAcquired = (k: number, since: number, among: readonly MemberProcess[]) => {
       let first = Infinity;
       for (const p of among) {
@@ -580,7 +583,9 @@ member is a separate Deno process; times include process start-up (about 100-300
   the ring of member ids is woken by its watcher session and takes every shard at once; it
   rings the group's bell, and the others take their share from it about 100 ms later (kill ->
   balanced).
-- leave: the next oldest member SIGTERMed; per shard it led, SIGTERM -> the new holder's
+- leave: the next oldest member SIGTERMed ${
+  (SWITCH_GRACE_MS + 1000) / 1000
+} s after the failover balanced (as the kill); per shard it led, SIGTERM -> the new holder's
   \`acquired\` event (it unlocks, leaves and rings the group's bell; the member before it in the
   ring takes over at the bell or when its watcher is granted the member lock).
 - overlap: the kit's checker on every shard's terms over the whole run (violations and longest
