@@ -18,6 +18,8 @@ import {
   checkShards,
   isBalanced,
   MemberProcess,
+  observerSession,
+  type Queryable,
   waitForView,
   wallNow,
 } from "../tests/group/_harness.ts";
@@ -131,7 +133,7 @@ async function idleRate(
   return count / (elapsed / 1000);
 }
 
-async function holders(pg: TestPostgres, key1: number): Promise<Map<number, number>> {
+async function holders(pg: Queryable, key1: number): Promise<Map<number, number>> {
   const rows = await pg.query(
     `SELECT objid::int8 AS k, pid FROM pg_locks
       WHERE locktype = 'advisory' AND granted AND classid = $1::int4::oid AND objsubid = 2`,
@@ -185,6 +187,8 @@ async function heapOf(member: MemberProcess): Promise<number> {
 }
 
 async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): Promise<GroupRow> {
+  // The harness's reads of pg_locks, on one session (not a connection per read).
+  await using observer = await observerSession(pg);
   const all: MemberProcess[] = [];
   const prefix = `bg${key1}-`;
   const spawn = (i: number) => {
@@ -201,7 +205,7 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
     const t0 = wallNow();
     for (let i = 0; i < m; i++) spawn(i);
     const { at: balancedAt } = await waitForView(
-      pg,
+      observer,
       key1,
       n,
       (v) => isBalanced(v, n, m),
@@ -223,11 +227,11 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
     const heap = m === 1 ? await heapOf(all[0]!) : null;
 
     // A member joins.
-    const before = await holders(pg, key1);
+    const before = await holders(observer, key1);
     const joinAt = wallNow();
     const joiner = spawn(m);
     const { at: rebalancedAt } = await waitForView(
-      pg,
+      observer,
       key1,
       n,
       (v) => isBalanced(v, n, m + 1),
@@ -235,7 +239,7 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
       `${m + 1} members balanced after a join`,
       20,
     );
-    const after = await holders(pg, key1);
+    const after = await holders(observer, key1);
     let moved = 0;
     for (const [k, pid] of after) if (before.get(k) !== pid) moved++;
 
@@ -254,7 +258,7 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
     const killedAt = victim.killedAt!;
     await untilLedAgain(victimShards, killedAt, all.slice(1), timeout, "after the SIGKILL");
     const { at: recoveredAt } = await waitForView(
-      pg,
+      observer,
       key1,
       n,
       (v) => isBalanced(v, n, m),
@@ -286,14 +290,14 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
     if (all.filter((p) => p.running).length >= 2) {
       const leaver = all[1]!;
       const leaverBackend = leaver.records.findLast((r) => r.type === "ready")?.backendPid;
-      const beforeLeave = await holders(pg, key1);
+      const beforeLeave = await holders(observer, key1);
       const leaverShards = [...beforeLeave.entries()].filter(([, pid]) => pid === leaverBackend)
         .map(([k]) => k);
       const leftAt = wallNow();
       await leaver.leave();
       await untilLedAgain(leaverShards, leftAt, all.slice(2), timeout, "after the leave");
       await waitForView(
-        pg,
+        observer,
         key1,
         n,
         (v) => v.unowned === 0 && !v.counts.has(leaverBackend ?? -1),

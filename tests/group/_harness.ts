@@ -8,6 +8,7 @@ import { type CandidateLog, type CandidateRecord, checkTerms } from "../../testi
 import type { CheckReport, FreezeInterval } from "../../src/testing/checker.ts";
 import type { TestPostgres } from "../../testing.ts";
 import { wallNow } from "../../src/testing/_wall_clock.ts";
+import { PgClient } from "../../src/testing/_pg.ts";
 
 const MEMBER_SCRIPT = new URL("./_member.ts", import.meta.url).pathname;
 const CONFIG = new URL("../../deno.json", import.meta.url).pathname;
@@ -158,15 +159,39 @@ export function leading(member: MemberProcess): number[] {
   return [...led];
 }
 
+/** What the views below need of a server: a statement's rows. */
+export type Queryable = Pick<TestPostgres, "query">;
+
+/**
+ * One session to the server as the superuser, kept for many reads: `TestPostgres.query()`
+ * connects for every statement, and a view read every 20 ms that way (a backend forked and set up
+ * each time: 42 ms a read at 10,000 locks) kept a core of the 2 busy while the members it timed
+ * took shards over.
+ *
+ * @param server The server.
+ * @returns The session; dispose of it to close it.
+ */
+export async function observerSession(
+  server: TestPostgres,
+): Promise<Queryable & AsyncDisposable> {
+  const client = new PgClient({ connectionString: server.dsn });
+  client.on("error", () => {});
+  await client.connect();
+  return {
+    query: async (sql, params) => (await client.query(sql, params)).rows,
+    [Symbol.asyncDispose]: () => client.end(),
+  };
+}
+
 /**
  * Reads the group from pg_locks as the superuser.
  *
- * @param pg The server.
+ * @param pg The server (or an {@linkcode observerSession}).
  * @param key1 The group.
  * @param n The shard count (key2 0..n-1).
  * @returns The view.
  */
-export async function viewGroup(pg: TestPostgres, key1: number, n: number): Promise<GroupView> {
+export async function viewGroup(pg: Queryable, key1: number, n: number): Promise<GroupView> {
   // Counted by the server: a row per holder, not one per lock (10,000 rows every 20 ms kept a
   // core of the 2 busy in this process while the members it measures took over).
   const rows = await pg.query(
@@ -217,7 +242,7 @@ export function isBalanced(view: GroupView, n: number, m: number): boolean {
  * @returns When it held (wall clock) and the view.
  */
 export async function waitForView(
-  pg: TestPostgres,
+  pg: Queryable,
   key1: number,
   n: number,
   predicate: (view: GroupView) => boolean,
