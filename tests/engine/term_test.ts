@@ -93,7 +93,9 @@ Deno.test("a term scopes the work that runs while leading", async (t) => {
         await a.start();
         assert(await a.waitForLeadership({ timeoutMs: 5000 }));
         const starting = b.start(); // connecting while a steps down
-        await a.stepDown();
+        // Out of the queue long enough for b's connect and set-up on 2 loaded cores (the default
+        // 100 ms was shorter than that under the parallel suite: a took the lock straight back).
+        await a.stepDown({ yieldMs: 2000 });
         await starting;
         assert(await b.waitForLeadership({ timeoutMs: 3000 }), "b leads after a's step-down");
         assertEquals(a.isLeader, false);
