@@ -166,7 +166,8 @@ export type Queryable = Pick<TestPostgres, "query">;
  * One session to the server as the superuser, kept for many reads: `TestPostgres.query()`
  * connects for every statement, and a view read every 20 ms that way (a backend forked and set up
  * each time: 42 ms a read at 10,000 locks) kept a core of the 2 busy while the members it timed
- * took shards over.
+ * took shards over. A read that fails (a test ended the session's backend, restarted the server)
+ * is tried once more on a new session.
  *
  * @param server The server.
  * @returns The session; dispose of it to close it.
@@ -174,12 +175,30 @@ export type Queryable = Pick<TestPostgres, "query">;
 export async function observerSession(
   server: TestPostgres,
 ): Promise<Queryable & AsyncDisposable> {
-  const client = new PgClient({ connectionString: server.dsn });
-  client.on("error", () => {});
-  await client.connect();
+  const open = async () => {
+    const client = new PgClient({ connectionString: server.dsn });
+    client.on("error", () => {});
+    await client.connect();
+    return client;
+  };
+  let client: PgClient | undefined = await open();
+  const close = async () => {
+    const old = client;
+    client = undefined;
+    await old?.end().catch(() => {});
+  };
   return {
-    query: async (sql, params) => (await client.query(sql, params)).rows,
-    [Symbol.asyncDispose]: () => client.end(),
+    query: async (sql, params) => {
+      try {
+        client ??= await open();
+        return (await client.query(sql, params)).rows;
+      } catch {
+        await close();
+        client = await open();
+        return (await client.query(sql, params)).rows;
+      }
+    },
+    [Symbol.asyncDispose]: close,
   };
 }
 
@@ -250,8 +269,11 @@ export async function waitForView(
   what: string,
   everyMs = 10,
 ): Promise<{ at: number; view: GroupView }> {
+  // A server: one session for the whole wait (its reads every 10 ms forked a backend each).
+  await using session = "dsn" in pg ? await observerSession(pg as TestPostgres) : undefined;
+  const reader = session ?? pg;
   const end = performance.now() + timeoutMs;
-  let view = await viewGroup(pg, key1, n);
+  let view = await viewGroup(reader, key1, n);
   while (!predicate(view)) {
     if (performance.now() > end) {
       throw new Error(
@@ -265,7 +287,7 @@ export async function waitForView(
       );
     }
     await new Promise((resolve) => setTimeout(resolve, everyMs));
-    view = await viewGroup(pg, key1, n);
+    view = await viewGroup(reader, key1, n);
   }
   return { at: wallNow(), view };
 }
