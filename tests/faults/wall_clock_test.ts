@@ -55,5 +55,7 @@ Deno.test("wallTimeOf() puts a moment on performance.now()'s clock on the same w
   const wall = wallNow();
   const converted = wallTimeOf(monotonic);
   assert(Math.abs(wall - converted) < 1, `${converted} vs ${wall}`);
-  assert(wallTimeOf(monotonic + 5_000) - converted === 5_000, "a deadline 5 s away stays 5 s away");
+  // Within the millisecond a reading may nudge the offset by (after the tests above moved it).
+  const later = wallTimeOf(monotonic + 5_000) - converted;
+  assert(Math.abs(later - 5_000) < 1, `a deadline 5 s away is ${later} ms away`);
 });
