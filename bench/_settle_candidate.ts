@@ -70,9 +70,7 @@ const LOCKING = /pg_(try_)?advisory_lock\(/;
 /** A write on the lock's own session: it can only run while that session exists. */
 const TERM_INSERT = "INSERT INTO settle_term_writes (id, token) VALUES ($1::int, $2::numeric)";
 
-function now(): number {
-  return wallNow();
-}
+const now = wallNow;
 
 function emit(record: Record<string, unknown>, t = now()): void {
   console.log(JSON.stringify({ t, ...record }));

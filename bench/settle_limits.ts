@@ -181,9 +181,7 @@ const OUT = flag("--out") !== undefined
   )
   : new URL(QUICK ? "./results/quick/" : "./results/", import.meta.url);
 
-function now(): number {
-  return wallNow();
-}
+const now = wallNow;
 
 function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));

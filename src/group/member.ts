@@ -989,6 +989,13 @@ export class GroupMember {
     await this.#owner.close(true);
   }
 
+  /** Reads the group from pg_locks ({@linkcode observe}), as one statement of {@linkcode #query}. */
+  #observe(): Promise<Observation> {
+    return this.#query((s) =>
+      observe(s, this.#config.key1, this.#facts!.databaseOid, this.#shardSet)
+    );
+  }
+
   /**
    * Runs one statement, bounded by the lease while shards are held (by the lease length
    * otherwise). Never used for a statement that waits for a lock.
@@ -1080,9 +1087,7 @@ export class GroupMember {
       const sentAt = clock();
       this.#tickStartedAt = sentAt;
       this.#joinHeard = false;
-      const seen = await this.#query((s) =>
-        observe(s, key1, this.#facts!.databaseOid, this.#shardSet)
-      );
+      const seen = await this.#observe();
       this.#renew(sentAt);
       this.#tick++;
       const mine = new Set(seen.mine);
@@ -1590,20 +1595,14 @@ export class GroupMember {
   async #lookBeforeJoin(): Promise<void> {
     let seen: Observation;
     try {
-      seen = await this.#query((s) =>
-        observe(s, this.#config.key1, this.#facts!.databaseOid, this.#shardSet)
-      );
+      seen = await this.#observe();
     } catch (error) {
       if (error instanceof SessionEnded || error instanceof LeaseExpired) throw error;
       return;
     }
-    const ids = [...new Set([...seen.members.map((m) => m.memberId), this.#memberId])]
-      .sort((a, b) => a - b);
-    const key = ids.join(",");
-    if (this.#spare?.key !== key) {
-      this.#spare = { key, assignment: assignShards(this.#config.shards, ids) };
-    }
-    const base = this.#spare.assignment;
+    const base = this.#makeSpare(
+      [...new Set([...seen.members.map((m) => m.memberId), this.#memberId])].sort((a, b) => a - b),
+    );
     const holderOf = this.#holdersById(seen);
     this.#kept = { base, holderOf, assignment: keepHolding(base, holderOf) };
   }
@@ -1692,11 +1691,16 @@ export class GroupMember {
       this.#spare = undefined;
       return;
     }
-    const ids = members.filter((m) => m !== next);
+    this.#makeSpare(members.filter((m) => m !== next));
+  }
+
+  /** Makes {@linkcode #spare} the assignment of `ids` (ascending), unless it already is. */
+  #makeSpare(ids: readonly number[]): Assignment {
     const key = ids.join(",");
     if (this.#spare?.key !== key) {
       this.#spare = { key, assignment: assignShards(this.#config.shards, ids) };
     }
+    return this.#spare.assignment;
   }
 
   #assign(members: readonly MemberRow[]): Assignment {
@@ -1928,9 +1932,7 @@ export class GroupMember {
     const seenHeld = keys.filter((k) => this.#lastOthers.has(k) || this.#prevOthers.has(k));
     if (seenHeld.length === 0) return new Set();
     const sentAt = this.#config.clock();
-    const now = await this.#query((s) =>
-      observe(s, this.#config.key1, this.#facts!.databaseOid, this.#shardSet)
-    );
+    const now = await this.#observe();
     this.#lease.renew(sentAt);
     const alive = new Set(now.members.map((m) => m.pid));
     // A member that held shards then and held them without its member lock at the last tick

@@ -13,7 +13,7 @@ import { FixedInterval } from "../../src/engine/retry.ts";
 import { LeaderGroup, type LeaderGroupOptions } from "../../src/group/leader_group.ts";
 import { wallNow, wallTimeOf } from "../../src/testing/_wall_clock.ts";
 
-const now = () => wallNow();
+const now = wallNow;
 const encoder = new TextEncoder();
 let lines: string[] = [];
 /** The writes queued so far, in order; settled once all of them are out. */

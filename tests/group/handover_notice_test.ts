@@ -23,8 +23,8 @@ import {
   MemberProcess,
   violations,
   waitForView,
+  wallNow,
 } from "./_harness.ts";
-import { wallNow } from "../../src/testing/_wall_clock.ts";
 
 const N = 24;
 const HEALTH_MS = 1000;
