@@ -114,13 +114,44 @@ export function ackWindowMs(leaseMs: number): number {
 // $1 = key1, $2 = key2 and $3 = the server-side lease to arm wherever they appear.
 
 /**
+ * A `FROM` item of the set-up statements: `inherited`, how many advisory locks the new session
+ * held before it took any, which the outer statement then releases (`pg_advisory_unlock_all()`,
+ * `released`). A fresh server session holds none; one that does was handed over by a connection
+ * pooler that did not reset it between clients (PgBouncer in `session` mode with an empty
+ * `server_reset_query`), or is a pooled client that other code gave back while holding locks.
+ * Those locks belong to a client that has gone: kept, they would stay held for as long as the new
+ * session lives (a leader's lock that no waiter ever gets, a group's member lock that no watcher
+ * sees end). Releasing them is what the pooler's `DISCARD ALL` would have done when that client
+ * left; the session's owner reports the count.
+ *
+ * The release is unconditional (a no-op on a fresh session, and cheap: it walks the session's own
+ * lock table). The count reads `pg_locks`, which copies the server's whole lock table (24 ms with
+ * 20,000 locks held, measured here), so it is read only when the server session began over a
+ * second before this statement: a reused one, or a connection that took that long to open. A
+ * session reused within a second still has its locks released, unreported; when the start is
+ * unknown (no row), the count is read. `OFFSET 0` keeps the
+ * subquery from being merged into the outer statement: the count is taken before the release.
+ */
+export const INHERITED_LOCKS = `(SELECT CASE WHEN (
+           SELECT a.backend_start OPERATOR(pg_catalog.>=) (
+                  pg_catalog.statement_timestamp() OPERATOR(pg_catalog.-) '1 second'::pg_catalog.interval)
+             FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) AS a)
+         THEN 0
+         ELSE (SELECT pg_catalog.count(l.pid)::pg_catalog.int4 FROM pg_catalog.pg_locks AS l
+                WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+                  AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+         END AS inherited OFFSET 0) AS i`;
+
+/**
  * The first statement of every session: applies the settings (`$1`, a JSON object; settings the
  * server does not know are skipped) and reads the server version, the backend pid and whether the
- * server can take writes.
+ * server can take writes. It also releases the advisory locks an earlier client left on the
+ * server session, and counts them ({@linkcode INHERITED_LOCKS}).
  */
 export const SET_UP: Statement = {
   name: "set_up",
-  text: `SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS version,
+  text: `SELECT i.inherited, pg_catalog.pg_advisory_unlock_all() IS NULL AS released,
+       pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS version,
        pg_catalog.pg_backend_pid() AS pid,
        (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
           FROM pg_catalog.json_each_text($1::pg_catalog.json) v
@@ -129,7 +160,8 @@ export const SET_UP: Statement = {
        pg_catalog.pg_is_in_recovery() AS standby,
        pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
        pg_catalog.current_setting('role') AS role,
-       pg_catalog.current_setting('session_authorization') AS session_authorization`,
+       pg_catalog.current_setting('session_authorization') AS session_authorization
+  FROM ${INHERITED_LOCKS}`,
 };
 
 /**
@@ -554,6 +586,11 @@ export interface SessionFacts {
   readonly role: string;
   /** The session user after set-up: the check before a fenced COMMIT sets it back first. */
   readonly sessionAuthorization: string;
+  /**
+   * How many advisory locks of an earlier client the session held when it opened (set-up
+   * released them; see {@linkcode INHERITED_LOCKS}). 0 on a fresh server session.
+   */
+  readonly inheritedLocks: number;
 }
 
 /** Options of {@linkcode LockStatements.acquire}. */
@@ -606,6 +643,7 @@ export class LockStatements {
       sessionAuthorization: typeof row?.session_authorization === "string"
         ? row.session_authorization
         : "",
+      inheritedLocks: Number(row?.inherited ?? 0) || 0,
     };
   }
 

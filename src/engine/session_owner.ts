@@ -62,6 +62,8 @@ export interface UnfitFacts {
   readonly backendPid: number;
   /** Whether the server is a standby or the session read-only. */
   readonly readOnly: boolean;
+  /** How many advisory locks of an earlier client set-up found on the session, and released. */
+  readonly inheritedLocks: number;
 }
 
 /**
@@ -163,6 +165,9 @@ export class SessionOwner<F extends UnfitFacts = SessionFacts> implements FenceP
       const facts = await untilAborted(statements.setUp(session, settings), signal);
       if (facts === ABORTED) throw signal.reason;
       refuseUnfit(facts, connector.target);
+      if (facts.inheritedLocks > 0) {
+        this.#options.report(inheritedLocksError(facts.inheritedLocks, connector.target));
+      }
       const lost = new AbortController();
       session.ended.then((error) => {
         this.#lastError = error;
@@ -376,6 +381,23 @@ function refuseUnfit(facts: UnfitFacts, target: string): void {
     );
   }
   if (facts.readOnly) throw readOnlyError(target);
+}
+
+/**
+ * A new session held advisory locks of an earlier client, which set-up released (see
+ * `INHERITED_LOCKS` in protocol.ts). Reported, not thrown: the session is sound now, and the
+ * candidate goes on with it; the locks would otherwise have stayed held for the session's life.
+ *
+ * @param count How many locks set-up released.
+ * @param target The server, for the message.
+ * @returns The error to report.
+ */
+export function inheritedLocksError(count: number, target: string): ConnectionError {
+  return new ConnectionError(
+    `The session opened on ${target} already held ${count} advisory lock${
+      count === 1 ? "" : "s"
+    } of an earlier client, released now: the server connection was handed over without a reset. Behind PgBouncer, use pool_mode = session with server_reset_query = DISCARD ALL (its default); a client from pool.connect() must not come back holding locks. Until then a lock can stay held after its client has gone, for as long as the next client's session lives`,
+  );
 }
 
 /** The SQLSTATE of {@linkcode readOnlyError} (read_only_sql_transaction). */

@@ -18,6 +18,7 @@
  * @module
  */
 import { PgLeaderLockError } from "../engine/errors.ts";
+import { INHERITED_LOCKS } from "../engine/protocol.ts";
 import type { LockSession } from "../engine/session.ts";
 
 /**
@@ -28,10 +29,12 @@ import type { LockSession } from "../engine/session.ts";
  * server is a standby: a router that balances reads (pgpool-II with a `write_function_list`) may
  * send this statement to one, and {@linkcode JOIN}, which always reaches the primary, asks. `$1` is a JSON
  * object of setting name -> value; settings the server does not have (idle_session_timeout
- * before PostgreSQL 14) are skipped.
+ * before PostgreSQL 14) are skipped. Like LeaderLock's set-up, it releases and counts the advisory
+ * locks an earlier client left on the server session ({@linkcode INHERITED_LOCKS}).
  */
 export const SETUP = `
-SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS server_version,
+SELECT i.inherited, pg_catalog.pg_advisory_unlock_all() IS NULL AS released,
+       pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS server_version,
        pg_catalog.pg_backend_pid() AS backend_pid,
        (SELECT d.oid FROM pg_catalog.pg_database AS d
          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) AS database_oid,
@@ -40,7 +43,8 @@ SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS serv
        (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
           FROM pg_catalog.json_each_text($1::pg_catalog.json) AS v
           JOIN pg_catalog.pg_settings AS s ON s.name OPERATOR(pg_catalog.=) v.key
-       )::pg_catalog.int4 AS applied`;
+       )::pg_catalog.int4 AS applied
+  FROM ${INHERITED_LOCKS}`;
 
 /**
  * Joins the group: try-locks the member lock `$1` = (key1 << 32) | memberId (bigint form), unless
@@ -323,6 +327,8 @@ export interface MemberSession {
    * does, and the member refuses the session then.
    */
   readonly readOnly: boolean;
+  /** How many advisory locks of an earlier client set-up released ({@linkcode INHERITED_LOCKS}). */
+  readonly inheritedLocks: number;
 }
 
 /**
@@ -346,6 +352,7 @@ export async function setUp(
       ? row.session_authorization
       : "",
     readOnly: false,
+    inheritedLocks: Number(row?.inherited ?? 0) || 0,
   };
 }
 

@@ -1,5 +1,6 @@
 -- set_up ["{\"search_path\":\"pg_catalog, pg_temp\"}"]
-SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS version,
+SELECT i.inherited, pg_catalog.pg_advisory_unlock_all() IS NULL AS released,
+       pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS version,
        pg_catalog.pg_backend_pid() AS pid,
        (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
           FROM pg_catalog.json_each_text($1::pg_catalog.json) v
@@ -8,7 +9,16 @@ SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS vers
        pg_catalog.pg_is_in_recovery() AS standby,
        pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
        pg_catalog.current_setting('role') AS role,
-       pg_catalog.current_setting('session_authorization') AS session_authorization;
+       pg_catalog.current_setting('session_authorization') AS session_authorization
+  FROM (SELECT CASE WHEN (
+           SELECT a.backend_start OPERATOR(pg_catalog.>=) (
+                  pg_catalog.statement_timestamp() OPERATOR(pg_catalog.-) '1 second'::pg_catalog.interval)
+             FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) AS a)
+         THEN 0
+         ELSE (SELECT pg_catalog.count(l.pid)::pg_catalog.int4 FROM pg_catalog.pg_locks AS l
+                WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory' AND l.granted
+                  AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+         END AS inherited OFFSET 0) AS i;
 
 -- try_lock [5001,1,"2000ms"]
 SELECT s.ok,
