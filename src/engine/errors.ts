@@ -142,6 +142,28 @@ export function sqlState(error: unknown): string | undefined {
 }
 
 /**
+ * What to do about a server error a configuration causes, when the library knows: appended to
+ * the messages of connection and statement failures.
+ *
+ * - 53400 "temporary file size exceeds temp_file_limit": the protocol reads `pg_locks`, whose rows
+ *   the server keeps in a tuplestore bounded by `work_mem` and spills to a temporary file past it;
+ *   with `temp_file_limit = 0` every read fails once the server's lock table outgrows `work_mem`
+ *   (a role with `work_mem = '64kB'` failed with a 1,000-shard group on the server). Retrying
+ *   helps only when the lock table shrinks.
+ *
+ * @param error The failure.
+ * @returns `""`, or the hint starting with `"; "`.
+ */
+export function serverHint(error: unknown): string {
+  const code = sqlState(error);
+  const text = error instanceof Error ? error.message : String(error);
+  if (code === "53400" && text.includes("temp_file_limit")) {
+    return "; pgleaderlock reads pg_locks, which the server keeps in work_mem and spills to a temporary file past it: raise the role's work_mem above the size of the server's lock table, or its temp_file_limit";
+  }
+  return "";
+}
+
+/**
  * Wraps anything thrown below the library as a {@linkcode PgLeaderLockError} (kept as its
  * `cause`), so that every error on an event is one.
  *
@@ -152,5 +174,8 @@ export function sqlState(error: unknown): string | undefined {
 export function asLockError(error: unknown, message: string): PgLeaderLockError {
   if (error instanceof PgLeaderLockError) return error;
   const detail = error instanceof Error ? error.message : error === undefined ? "" : String(error);
-  return new PgLeaderLockError(detail ? `${message}: ${detail}` : message, { cause: error });
+  return new PgLeaderLockError(
+    detail ? `${message}: ${detail}${serverHint(error)}` : message,
+    { cause: error },
+  );
 }

@@ -114,6 +114,23 @@ export function ackWindowMs(leaseMs: number): number {
 // $1 = key1, $2 = key2 and $3 = the server-side lease to arm wherever they appear.
 
 /**
+ * A scalar subquery that applies the settings of a JSON object of name -> value (the parameter
+ * `param`) to the session and counts those applied. A setting the server does not have
+ * (`current_setting(name, true)` is NULL: `transaction_timeout` before PostgreSQL 17) is skipped.
+ * It reads no `pg_settings`: that view's function result is kept in a tuplestore bounded by
+ * `work_mem`, which spills to a temporary file past it, so a role with `work_mem = '64kB'` and
+ * `temp_file_limit = 0` failed every set-up (SQLSTATE 53400, found by an adversarial run).
+ *
+ * @param param The parameter, e.g. `$1`.
+ * @returns The SQL text (an int4).
+ */
+export function applySettings(param: string): string {
+  return `(SELECT pg_catalog.count(pg_catalog.set_config(v.key, v.value, false))
+          FROM pg_catalog.json_each_text(${param}::pg_catalog.json) AS v
+         WHERE pg_catalog.current_setting(v.key, true) IS NOT NULL)::pg_catalog.int4`;
+}
+
+/**
  * A `FROM` item of the set-up statements: `inherited`, how many advisory locks the new session
  * held before it took any, which the outer statement then releases (`pg_advisory_unlock_all()`,
  * `released`). A fresh server session holds none; one that does was handed over by a connection
@@ -153,10 +170,7 @@ export const SET_UP: Statement = {
   text: `SELECT i.inherited, pg_catalog.pg_advisory_unlock_all() IS NULL AS released,
        pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS version,
        pg_catalog.pg_backend_pid() AS pid,
-       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
-          FROM pg_catalog.json_each_text($1::pg_catalog.json) v
-          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
-         AS applied,
+       ${applySettings("$1")} AS applied,
        pg_catalog.pg_is_in_recovery() AS standby,
        pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
        pg_catalog.current_setting('role') AS role,
@@ -380,10 +394,7 @@ export const FENCE_CLOSE: Statement = {
             AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease,
-       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
-          FROM pg_catalog.json_each_text($4::pg_catalog.json) v
-          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
-         AS pinned,
+       ${applySettings("$4")} AS pinned,
        pg_catalog.set_config('session_authorization', $6::pg_catalog.text, false)
          AS session_authorization,
        pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role`,

@@ -11,7 +11,13 @@
  */
 import { withResolvers } from "./_compat.ts";
 import { ABORTED, sleep, untilAborted } from "./_async.ts";
-import { ConnectionError, type PgLeaderLockError, ShutdownError, sqlState } from "./errors.ts";
+import {
+  ConnectionError,
+  type PgLeaderLockError,
+  serverHint,
+  ShutdownError,
+  sqlState,
+} from "./errors.ts";
 import { MIN_SERVER_VERSION, type SessionFacts, type StatementRunner } from "./protocol.ts";
 import type { RetrySeries } from "./retry_series.ts";
 import type { Connector, LockSession } from "./session.ts";
@@ -431,7 +437,9 @@ export function connectionFailure(error: unknown, target: string): ConnectionErr
   const detail = error instanceof Error ? error.message : String(error);
   const code = sqlState(error);
   return new ConnectionError(
-    `Cannot set up a session on ${target}: ${detail}${code ? ` (SQLSTATE ${code})` : ""}`,
+    `Cannot set up a session on ${target}: ${detail}${code ? ` (SQLSTATE ${code})` : ""}${
+      serverHint(error)
+    }`,
     { cause: error, code },
   );
 }

@@ -70,7 +70,7 @@
  *
  * @module
  */
-import { ConnectionError, LockError, PgLeaderLockError } from "../engine/errors.ts";
+import { ConnectionError, LockError, PgLeaderLockError, serverHint } from "../engine/errors.ts";
 import { readOnlyError, SessionLost, SessionOwner } from "../engine/session_owner.ts";
 import { Lease } from "../engine/lease.ts";
 import type { RetryStrategy } from "../engine/retry.ts";
@@ -2155,5 +2155,10 @@ function wrap(error: unknown): PgLeaderLockError {
   }
   const code = sqlState(error);
   const detail = error instanceof Error ? error.message : String(error);
-  return new PgLeaderLockError(`${detail}${code ? ` (SQLSTATE ${code})` : ""}`, { cause: error });
+  return new PgLeaderLockError(
+    `${detail}${code ? ` (SQLSTATE ${code})` : ""}${serverHint(error)}`,
+    {
+      cause: error,
+    },
+  );
 }

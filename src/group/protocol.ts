@@ -18,7 +18,7 @@
  * @module
  */
 import { PgLeaderLockError } from "../engine/errors.ts";
-import { INHERITED_LOCKS } from "../engine/protocol.ts";
+import { applySettings, INHERITED_LOCKS } from "../engine/protocol.ts";
 import type { LockSession } from "../engine/session.ts";
 
 /**
@@ -40,10 +40,7 @@ SELECT i.inherited, pg_catalog.pg_advisory_unlock_all() IS NULL AS released,
          WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database()) AS database_oid,
        pg_catalog.current_setting('role') AS role,
        pg_catalog.current_setting('session_authorization') AS session_authorization,
-       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
-          FROM pg_catalog.json_each_text($1::pg_catalog.json) AS v
-          JOIN pg_catalog.pg_settings AS s ON s.name OPERATOR(pg_catalog.=) v.key
-       )::pg_catalog.int4 AS applied
+       ${applySettings("$1")} AS applied
   FROM ${INHERITED_LOCKS}`;
 
 /**

@@ -4,7 +4,7 @@
  * @module
  */
 import { type ConnectionParams, parseDsn } from "./dsn.ts";
-import { ConnectionError, sqlState } from "../engine/errors.ts";
+import { ConnectionError, serverHint, sqlState } from "../engine/errors.ts";
 import {
   connectPg,
   describeHost,
@@ -165,7 +165,9 @@ export function toConnectionError(error: unknown, target: string): ConnectionErr
   const code = sqlState(error);
   const detail = error instanceof Error ? error.message : String(error);
   return new ConnectionError(
-    `Cannot connect to ${target}: ${detail}${code ? ` (SQLSTATE ${code})` : ""}`,
+    `Cannot connect to ${target}: ${detail}${code ? ` (SQLSTATE ${code})` : ""}${
+      serverHint(error)
+    }`,
     { cause: error, code, permanent: isPermanentPgError(error) },
   );
 }

@@ -255,6 +255,13 @@ const ATTACKS: readonly Attack[] = [
   },
   { name: "track_activities = off", settings: { track_activities: "off" }, levels: LEVELS },
   {
+    // Every set-up failed (53400) while it read pg_settings, whose rows spill past 64kB. Only a
+    // superuser may set temp_file_limit, so not from the DSN.
+    name: "work_mem = 64kB with temp_file_limit = 0",
+    settings: { work_mem: "64kB", temp_file_limit: "0" },
+    levels: ["role", "database"],
+  },
+  {
     name: "transaction_timeout = 1ms",
     settings: { transaction_timeout: "1ms" },
     levels: ["role", "database", "dsn"],

@@ -2,10 +2,9 @@
 SELECT i.inherited, pg_catalog.pg_advisory_unlock_all() IS NULL AS released,
        pg_catalog.current_setting('server_version_num')::pg_catalog.int4 AS version,
        pg_catalog.pg_backend_pid() AS pid,
-       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
-          FROM pg_catalog.json_each_text($1::pg_catalog.json) v
-          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
-         AS applied,
+       (SELECT pg_catalog.count(pg_catalog.set_config(v.key, v.value, false))
+          FROM pg_catalog.json_each_text($1::pg_catalog.json) AS v
+         WHERE pg_catalog.current_setting(v.key, true) IS NOT NULL)::pg_catalog.int4 AS applied,
        pg_catalog.pg_is_in_recovery() AS standby,
        pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
        pg_catalog.current_setting('role') AS role,
@@ -224,10 +223,9 @@ SELECT EXISTS (
             AND l.objid OPERATOR(pg_catalog.=) '1'::pg_catalog.int4::pg_catalog.oid
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', '15000ms'::pg_catalog.text, false) AS lease,
-       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
-          FROM pg_catalog.json_each_text('{"lock_timeout":"5000ms"}'::pg_catalog.json) v
-          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
-         AS pinned,
+       (SELECT pg_catalog.count(pg_catalog.set_config(v.key, v.value, false))
+          FROM pg_catalog.json_each_text('{"lock_timeout":"5000ms"}'::pg_catalog.json) AS v
+         WHERE pg_catalog.current_setting(v.key, true) IS NOT NULL)::pg_catalog.int4 AS pinned,
        pg_catalog.set_config('session_authorization', 'app'::pg_catalog.text, false)
          AS session_authorization,
        pg_catalog.set_config('role', 'none'::pg_catalog.text, false) AS role;
@@ -243,10 +241,9 @@ SELECT EXISTS (
             AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease,
-       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
-          FROM pg_catalog.json_each_text($4::pg_catalog.json) v
-          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
-         AS pinned,
+       (SELECT pg_catalog.count(pg_catalog.set_config(v.key, v.value, false))
+          FROM pg_catalog.json_each_text($4::pg_catalog.json) AS v
+         WHERE pg_catalog.current_setting(v.key, true) IS NOT NULL)::pg_catalog.int4 AS pinned,
        pg_catalog.set_config('session_authorization', $6::pg_catalog.text, false)
          AS session_authorization,
        pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role;

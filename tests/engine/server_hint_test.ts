@@ -1,0 +1,20 @@
+import { assert, assertEquals } from "../_assert.ts";
+import { asLockError, serverHint } from "../../src/engine/errors.ts";
+
+/** A server error as npm:pg gives it. */
+function serverError(code: string, message: string): Error {
+  return Object.assign(new Error(message), { code });
+}
+
+Deno.test("a temp_file_limit failure says which role settings to raise, and other errors get no hint", () => {
+  const spilled = serverError("53400", "temporary file size exceeds temp_file_limit (0kB)");
+  assert(serverHint(spilled).includes("work_mem"), serverHint(spilled));
+  assert(serverHint(spilled).includes("temp_file_limit"), serverHint(spilled));
+  // Wrapped errors are read through their cause.
+  const wrapped = asLockError(spilled, "A statement of the lock protocol failed");
+  assert(wrapped.message.endsWith(serverHint(spilled)), wrapped.message);
+  // 53400 covers other limits too: only the temp file one gets this hint.
+  assertEquals(serverHint(serverError("53400", "too many connections for role")), "");
+  assertEquals(serverHint(serverError("57P01", "terminating connection")), "");
+  assertEquals(serverHint("not an error"), "");
+});
