@@ -223,9 +223,10 @@ SELECT EXISTS (
             AND l.objid OPERATOR(pg_catalog.=) '1'::pg_catalog.int4::pg_catalog.oid
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', '15000ms'::pg_catalog.text, false) AS lease,
-       (SELECT pg_catalog.count(pg_catalog.set_config(v.key, v.value, false))
-          FROM pg_catalog.json_each_text('{"lock_timeout":"5000ms"}'::pg_catalog.json) AS v
-         WHERE pg_catalog.current_setting(v.key, true) IS NOT NULL)::pg_catalog.int4 AS pinned,
+       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
+          FROM pg_catalog.json_each_text('{"lock_timeout":"5000ms"}'::pg_catalog.json) v
+          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
+         AS pinned,
        pg_catalog.set_config('session_authorization', 'app'::pg_catalog.text, false)
          AS session_authorization,
        pg_catalog.set_config('role', 'none'::pg_catalog.text, false) AS role;
@@ -241,9 +242,10 @@ SELECT EXISTS (
             AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
        pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease,
-       (SELECT pg_catalog.count(pg_catalog.set_config(v.key, v.value, false))
-          FROM pg_catalog.json_each_text($4::pg_catalog.json) AS v
-         WHERE pg_catalog.current_setting(v.key, true) IS NOT NULL)::pg_catalog.int4 AS pinned,
+       (SELECT pg_catalog.count(pg_catalog.set_config(s.name, v.value, false))
+          FROM pg_catalog.json_each_text($4::pg_catalog.json) v
+          JOIN pg_catalog.pg_settings s ON s.name OPERATOR(pg_catalog.=) v.key)::pg_catalog.int4
+         AS pinned,
        pg_catalog.set_config('session_authorization', $6::pg_catalog.text, false)
          AS session_authorization,
        pg_catalog.set_config('role', $5::pg_catalog.text, false) AS role;
