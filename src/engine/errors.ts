@@ -164,6 +164,19 @@ export function serverHint(error: unknown): string {
 }
 
 /**
+ * A server or driver error as the library's messages quote it: its message, its SQLSTATE when it
+ * has one, and {@linkcode serverHint}.
+ *
+ * @param error The failure.
+ * @param code Its SQLSTATE (default: {@linkcode sqlState}).
+ * @returns E.g. `"temporary file size exceeds temp_file_limit (0kB) (SQLSTATE 53400); ..."`.
+ */
+export function serverErrorText(error: unknown, code = sqlState(error)): string {
+  const detail = error instanceof Error ? error.message : String(error);
+  return `${detail}${code ? ` (SQLSTATE ${code})` : ""}${serverHint(error)}`;
+}
+
+/**
  * Wraps anything thrown below the library as a {@linkcode PgLeaderLockError} (kept as its
  * `cause`), so that every error on an event is one.
  *

@@ -146,8 +146,8 @@ export function applySettings(param: string): string {
  * 20,000 locks held, measured here), so it is read only when the server session began over a
  * second before this statement: a reused one, or a connection that took that long to open. A
  * session reused within a second still has its locks released, unreported; when the start is
- * unknown (no row), the count is read. `OFFSET 0` keeps the
- * subquery from being merged into the outer statement: the count is taken before the release.
+ * unknown (no row), the count is read. `OFFSET 0` keeps the subquery from being merged into the
+ * outer statement: the count is taken before the release.
  */
 export const INHERITED_LOCKS = `(SELECT CASE WHEN (
            SELECT a.backend_start OPERATOR(pg_catalog.>=) (

@@ -14,7 +14,7 @@ import { ABORTED, sleep, untilAborted } from "./_async.ts";
 import {
   ConnectionError,
   type PgLeaderLockError,
-  serverHint,
+  serverErrorText,
   ShutdownError,
   sqlState,
 } from "./errors.ts";
@@ -434,12 +434,9 @@ export function readOnlyError(target: string): ConnectionError {
  */
 export function connectionFailure(error: unknown, target: string): ConnectionError {
   if (error instanceof ConnectionError) return error;
-  const detail = error instanceof Error ? error.message : String(error);
   const code = sqlState(error);
   return new ConnectionError(
-    `Cannot set up a session on ${target}: ${detail}${code ? ` (SQLSTATE ${code})` : ""}${
-      serverHint(error)
-    }`,
+    `Cannot set up a session on ${target}: ${serverErrorText(error, code)}`,
     { cause: error, code },
   );
 }

@@ -70,7 +70,12 @@
  *
  * @module
  */
-import { ConnectionError, LockError, PgLeaderLockError, serverHint } from "../engine/errors.ts";
+import {
+  ConnectionError,
+  LockError,
+  PgLeaderLockError,
+  serverErrorText,
+} from "../engine/errors.ts";
 import { readOnlyError, SessionLost, SessionOwner } from "../engine/session_owner.ts";
 import { Lease } from "../engine/lease.ts";
 import type { RetryStrategy } from "../engine/retry.ts";
@@ -2153,12 +2158,5 @@ function wrap(error: unknown): PgLeaderLockError {
   if (error instanceof SessionEnded) {
     return new PgLeaderLockError("The database session ended", { cause: error.cause });
   }
-  const code = sqlState(error);
-  const detail = error instanceof Error ? error.message : String(error);
-  return new PgLeaderLockError(
-    `${detail}${code ? ` (SQLSTATE ${code})` : ""}${serverHint(error)}`,
-    {
-      cause: error,
-    },
-  );
+  return new PgLeaderLockError(serverErrorText(error, sqlState(error)), { cause: error });
 }

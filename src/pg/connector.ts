@@ -4,7 +4,7 @@
  * @module
  */
 import { type ConnectionParams, parseDsn } from "./dsn.ts";
-import { ConnectionError, serverHint, sqlState } from "../engine/errors.ts";
+import { ConnectionError, serverErrorText, sqlState } from "../engine/errors.ts";
 import {
   connectPg,
   describeHost,
@@ -163,11 +163,8 @@ function classified(target: string, connect: SessionConnector): SessionConnector
 export function toConnectionError(error: unknown, target: string): ConnectionError {
   if (error instanceof ConnectionError) return error;
   const code = sqlState(error);
-  const detail = error instanceof Error ? error.message : String(error);
   return new ConnectionError(
-    `Cannot connect to ${target}: ${detail}${code ? ` (SQLSTATE ${code})` : ""}${
-      serverHint(error)
-    }`,
+    `Cannot connect to ${target}: ${serverErrorText(error, code)}`,
     { cause: error, code, permanent: isPermanentPgError(error) },
   );
 }

@@ -28,7 +28,7 @@ async function dirtyClient(
   dsn: string,
   locks: readonly (readonly [number, number])[],
   ageMs = AGED_MS,
-): Promise<PgClient> {
+): Promise<LibraryClient> {
   const client = new PgClient({ connectionString: dsn });
   client.on("error", () => {});
   await client.connect();
@@ -36,7 +36,8 @@ async function dirtyClient(
     await client.query("SELECT pg_catalog.pg_advisory_lock($1, $2)", [key1, key2]);
   }
   await new Promise((resolve) => setTimeout(resolve, ageMs));
-  return client;
+  // npm:pg's Client, typed by the kit's narrower interface: what a `connect` option returns.
+  return client as unknown as LibraryClient;
 }
 
 /** Old enough for set-up to count what a session inherited. */
@@ -66,10 +67,7 @@ Deno.test("a LeaderLock session that opens holding an earlier client's locks rel
   const keys = freshKeys();
   const other = { key1: keys.key1, key2: keys.key2 + 500_000 };
   // The session arrives holding this lock's own key and another lock's.
-  const dirty = () =>
-    dirtyClient(server.dsn, [[keys.key1, keys.key2], [other.key1, other.key2]]) as Promise<
-      unknown
-    > as Promise<LibraryClient>;
+  const dirty = () => dirtyClient(server.dsn, [[keys.key1, keys.key2], [other.key1, other.key2]]);
   const lock = new LeaderLock(fastOptions(server, keys, { connect: dirty }));
   const waiter = new LeaderLock(fastOptions(server, other));
   const reports = inheritedReports(lock);
@@ -96,10 +94,7 @@ Deno.test("a session that opens holding locks within a second of its start has t
   await using server = await startPostgres();
   const keys = freshKeys();
   const other = { key1: keys.key1, key2: keys.key2 + 500_000 };
-  const young = () =>
-    dirtyClient(server.dsn, [[other.key1, other.key2]], 0) as Promise<unknown> as Promise<
-      LibraryClient
-    >;
+  const young = () => dirtyClient(server.dsn, [[other.key1, other.key2]], 0);
   const lock = new LeaderLock(fastOptions(server, keys, { connect: young }));
   const waiter = new LeaderLock(fastOptions(server, other));
   const reports = inheritedReports(lock);
@@ -122,10 +117,7 @@ Deno.test("a LeaderGroup member whose sessions open holding an earlier client's 
   let opened = 0;
   // Each session of the member (its own and its watcher's) arrives holding the foreign lock's
   // key2 + the number of the session.
-  const dirty = () =>
-    dirtyClient(server.dsn, [[foreign.key1, foreign.key2 + opened++]]) as Promise<
-      unknown
-    > as Promise<LibraryClient>;
+  const dirty = () => dirtyClient(server.dsn, [[foreign.key1, foreign.key2 + opened++]]);
   const group = new LeaderGroup({
     connect: dirty,
     key1,
