@@ -76,7 +76,12 @@ import {
   PgLeaderLockError,
   serverErrorText,
 } from "../engine/errors.ts";
-import { readOnlyError, SessionLost, SessionOwner } from "../engine/session_owner.ts";
+import {
+  inheritedLocksError,
+  readOnlyError,
+  SessionLost,
+  SessionOwner,
+} from "../engine/session_owner.ts";
 import { Lease } from "../engine/lease.ts";
 import type { RetryStrategy } from "../engine/retry.ts";
 import type { TakeoverMode } from "../engine/config.ts";
@@ -607,6 +612,8 @@ export class GroupMember {
       connect: this.#config.connect,
       settings: watcherSettings(this.#config.settings),
       gone: (memberId) => this.#takeOver(memberId),
+      inherited: (count) =>
+        this.#observer.error(inheritedLocksError(count, this.#config.target ?? "the server")),
       error: (error) => {
         // While the member's own session works: a watcher that dies is opened again.
         if (this.#joined) {

@@ -13,13 +13,13 @@
  * is closed and a new one waits for the new neighbour (a second after a member joined between
  * them: meanwhile the old neighbour stays watched, while the new member opens its watcher); a
  * watcher session that dies is re-created (paced); the member keeps working meanwhile at its
- * tick's pace.
+ * tick's pace. Each watcher session runs the member's set-up ({@linkcode setUp}) first.
  *
  * @module
  */
 import { sleep } from "../engine/_async.ts";
 import type { LockSession, SessionConnector } from "../engine/session.ts";
-import { memberKey } from "./protocol.ts";
+import { memberKey, setUp } from "./protocol.ts";
 
 /**
  * Waits for the member lock `$1` (bigint form) and unlocks it in the same statement: the subquery
@@ -70,6 +70,11 @@ export interface RingWatcherConfig {
   readonly connect: SessionConnector;
   /** From {@linkcode watcherSettings}. */
   readonly settings: Record<string, string>;
+  /**
+   * Told when a new watcher session's set-up found and released advisory locks of an earlier
+   * client (a pooler that does not reset: see `INHERITED_LOCKS` in src/engine/protocol.ts).
+   */
+  readonly inherited: (count: number) => void;
   /** Told the moment the watched member's lock was granted: that member is gone. */
   readonly gone: (memberId: number) => void;
   /**
@@ -185,6 +190,12 @@ export class RingWatcher {
         session = await this.#config.connect(this.#stop.signal, this.#config.settings);
         this.#sessions++;
         this.#session = session;
+        // The member's set-up, first, as on every session: it applies the settings where the
+        // connection could not (a custom `connect`, PgBouncer, which refuses startup options)
+        // and releases what an earlier client of a pooled server connection left, such as a
+        // killed member's member and shard locks (kept, they made that member look alive).
+        const { inheritedLocks } = await setUp(session, this.#config.settings);
+        if (inheritedLocks > 0) this.#config.inherited(inheritedLocks);
         // A new neighbour (or a stop) ends the wait by closing the session: a wait in the lock
         // queue cannot be cancelled from the client any other way without a second statement.
         // The neighbour as it is now: the ring may have moved on while the session was opening

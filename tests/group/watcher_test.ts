@@ -5,7 +5,7 @@
  */
 import assert from "node:assert/strict";
 import { RingWatcher, SWITCH_GRACE_MS } from "../../src/group/watcher.ts";
-import { memberKey } from "../../src/group/protocol.ts";
+import { memberKey, SETUP } from "../../src/group/protocol.ts";
 import type { LockSession } from "../../src/engine/session.ts";
 
 const KEY1 = 5;
@@ -20,7 +20,9 @@ class FakeSession implements LockSession {
   #grant: (() => void) | undefined;
   #fail: ((error: Error) => void) | undefined;
 
-  query(_statement: unknown, values: readonly unknown[] = []): Promise<never[]> {
+  query(statement: unknown, values: readonly unknown[] = []): Promise<never[]> {
+    // The member's set-up, which every watcher session runs first: answered at once.
+    if (statement === SETUP) return Promise.resolve([]);
     this.waits.push(String(values[0]));
     return new Promise((resolve, reject) => {
       this.#grant = () => resolve([]);
@@ -57,6 +59,7 @@ function fakeWatcher() {
       return session;
     },
     gone: (id) => gone.push(id),
+    inherited: () => {},
     error: () => {},
   });
   return {

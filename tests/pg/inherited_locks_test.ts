@@ -110,45 +110,56 @@ Deno.test("a session that opens holding locks within a second of its start has t
   assertEquals(await advisoryLocks(server), []);
 });
 
-Deno.test("a LeaderGroup member whose sessions open holding an earlier client's locks releases them and leads every shard", async () => {
+Deno.test("LeaderGroup members whose sessions and watcher sessions open holding an earlier client's locks release them and lead every shard", async () => {
   await using server = await startPostgres();
   const key1 = 5151;
   const foreign = freshKeys();
   let opened = 0;
-  // Each session of the member (its own and its watcher's) arrives holding the foreign lock's
-  // key2 + the number of the session.
+  // Every session (each member's own and its watcher's) arrives holding the foreign lock's
+  // key2 + the number of the session. Two members: a lone member watches nobody.
   const dirty = () => dirtyClient(server.dsn, [[foreign.key1, foreign.key2 + opened++]]);
-  const group = new LeaderGroup({
-    connect: dirty,
-    key1,
-    shards: 4,
-    identity: "dirty",
-    healthIntervalMs: 1000,
-    leaseMs: 3000,
-    retryStrategy: new FixedInterval({ intervalMs: 50 }),
-  });
-  const reports = inheritedReports(group);
+  const member = (identity: string) =>
+    new LeaderGroup({
+      connect: dirty,
+      key1,
+      shards: 4,
+      identity,
+      healthIntervalMs: 1000,
+      leaseMs: 3000,
+      retryStrategy: new FixedInterval({ intervalMs: 50 }),
+    });
+  const members = [member("dirty-a"), member("dirty-b")];
+  const reports = members.map(inheritedReports);
   const waiter = new LeaderLock(fastOptions(server, foreign));
   try {
-    await group.start();
-    await until(() => group.leading.size === 4, 10_000, "the member leads every shard");
+    for (const m of members) await m.start();
+    await until(
+      () => members.every((m) => m.leading.size === 2),
+      10_000,
+      "the members share every shard",
+    );
+    await until(() => opened >= 4, 10_000, "both members' watcher sessions opened");
+    await until(
+      () => reports.flat().length >= opened,
+      10_000,
+      "a report for each session, the watchers' too",
+    );
     await waiter.start();
     assert(
       await waiter.waitForLeadership({ timeoutMs: 5000 }),
-      "the lock the member's first session inherited is free",
+      "the lock the first session inherited is free",
     );
-    assert(opened >= 1);
-    assertEquals(reports.length, opened, "one report per session opened");
-    assert(reports.every((m) => m.includes("1 advisory lock ")), reports.join("\n"));
+    assertEquals(reports.flat().length, opened, "one report per session opened");
+    assert(reports.flat().every((m) => m.includes("1 advisory lock ")), reports.join("\n"));
     const kept = await server.query(
       `SELECT pid FROM pg_catalog.pg_locks
         WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = $1::int4::oid
           AND objid::int8 BETWEEN $2::int8 AND $2::int8 + $3::int8 - 1 AND pid <> $4`,
       [foreign.key1, foreign.key2, opened, waiter.backendPid],
     );
-    assertEquals(kept, [], "no inherited lock is left on the member's sessions");
+    assertEquals(kept, [], "no inherited lock is left on the members' sessions");
   } finally {
-    await group.shutdown();
+    for (const m of members) await m.shutdown();
     await waiter.shutdown();
   }
   assertEquals(await advisoryLocks(server), []);
