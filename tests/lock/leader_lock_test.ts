@@ -444,7 +444,17 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
       const b = new LeaderLock(fastOptions(pg, keys, { identity: "waiter-b" }));
       try {
         await leadAndQueue(pg, a, b);
-        const info = await whoLeads({ dsn: pg.dsn, ...keys });
+        // A waiter queues again at the end of each wait window: a read that falls between two
+        // windows (whoLeads() opens its own connection, slow under load) sees no waiter yet.
+        let info = await whoLeads({ dsn: pg.dsn, ...keys });
+        await until(
+          async () => {
+            info = await whoLeads({ dsn: pg.dsn, ...keys });
+            return info.waiters.length > 0;
+          },
+          5000,
+          "waiter-b seen in the lock queue",
+        );
         assertEquals(info.holder?.identity, "holder-a");
         assertEquals(info.holder?.pid, a.backendPid);
         assertEquals(info.waiters.map((w) => w.identity), ["waiter-b"]);
