@@ -446,15 +446,16 @@ Deno.test("LeaderLock elects one leader on a real PostgreSQL", async (t) => {
         await leadAndQueue(pg, a, b);
         // A waiter queues again at the end of each wait window: a read that falls between two
         // windows (whoLeads() opens its own connection, slow under load) sees no waiter yet.
-        let info = await whoLeads({ dsn: pg.dsn, ...keys });
+        let read: Awaited<ReturnType<typeof whoLeads>> | undefined;
         await until(
           async () => {
-            info = await whoLeads({ dsn: pg.dsn, ...keys });
-            return info.waiters.length > 0;
+            read = await whoLeads({ dsn: pg.dsn, ...keys });
+            return read.waiters.length > 0;
           },
           5000,
           "waiter-b seen in the lock queue",
         );
+        const info = read!;
         assertEquals(info.holder?.identity, "holder-a");
         assertEquals(info.holder?.pid, a.backendPid);
         assertEquals(info.waiters.map((w) => w.identity), ["waiter-b"]);
