@@ -61,6 +61,8 @@ interface GroupRow {
   /** The same, counted the moment the group was first balanced. */
   connectionsAtBalanced: number;
   statementsPerSecondIdle: number;
+  /** CPU time a member process used per second over the same idle window, mean of the members. */
+  memberCpuMsPerSecondIdle: number;
   startToBalancedMs: number;
   lastReadyToBalancedMs: number;
   /** The joiner's `start()` call -> balanced over M+1. */
@@ -131,6 +133,12 @@ async function idleRate(
     if (line.startsWith(prefix) && /LOG:\s+(statement|execute)/.test(line)) count++;
   }
   return count / (elapsed / 1000);
+}
+
+/** CPU time (user + system) a process has used so far, in ms (Linux /proc). */
+function cpuMsOf(pid: number): number {
+  const fields = Deno.readTextFileSync(`/proc/${pid}/stat`).split(") ")[1]!.split(" ");
+  return (Number(fields[11]) + Number(fields[12])) * 10; // clock ticks of 10 ms
 }
 
 async function holders(pg: Queryable, key1: number): Promise<Map<number, number>> {
@@ -223,7 +231,12 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
     // until it notices: connections are counted then too.
     await new Promise((resolve) => setTimeout(resolve, SWITCH_GRACE_MS + 1000));
     const conns = await connections(pg, prefix);
+    const cpuBefore = all.map((member) => cpuMsOf(member.pid));
+    const idleFrom = performance.now();
     const idle = await idleRate(pg, prefix);
+    const idleSeconds = (performance.now() - idleFrom) / 1000;
+    const cpuIdle = all.reduce((sum, member, i) => sum + cpuMsOf(member.pid) - cpuBefore[i]!, 0) /
+      all.length / idleSeconds;
     const heap = m === 1 ? await heapOf(all[0]!) : null;
 
     // A member joins.
@@ -341,6 +354,7 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
       connections: conns,
       connectionsAtBalanced: connsAtBalanced,
       statementsPerSecondIdle: Math.round(idle * 10) / 10,
+      memberCpuMsPerSecondIdle: Math.round(cpuIdle),
       startToBalancedMs: Math.round(balancedAt - t0),
       lastReadyToBalancedMs: Math.round(balancedAt - lastReady),
       joinRebalanceMs: Math.round(
@@ -573,6 +587,8 @@ member is a separate Deno process; times include process start-up (about 100-300
 - stmts/s idle: statements per second of all members (the server log), from ${
   (SWITCH_GRACE_MS + 1000) / 1000
 } s after balanced (once the watchers' moves of the start are done) for ${IDLE_WINDOW_MS / 1000} s.
+- CPU ms/s idle: CPU time (user + system, /proc) per member process per second over the same
+  window, mean of the members (the server's own work is not in it).
 - start -> balanced: from spawning the M processes to every shard held and every member at
   floor(N/M)..ceil(N/M) (read from pg_locks every 20 ms); "last ready" counts from the last
   member's join instead.
@@ -602,6 +618,7 @@ ${
       "M",
       "connections",
       "stmts/s idle",
+      "CPU ms/s idle",
       "start -> balanced ms",
       "last ready -> balanced ms",
       "join -> balanced ms (from spawn)",
@@ -619,6 +636,7 @@ ${
       g.members,
       g.connections,
       g.statementsPerSecondIdle,
+      g.memberCpuMsPerSecondIdle,
       g.startToBalancedMs,
       g.lastReadyToBalancedMs,
       `${g.joinRebalanceMs} (${g.joinFromSpawnMs})`,

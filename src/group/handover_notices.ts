@@ -37,6 +37,8 @@ export class HandoverNotices {
   #last: ReadonlyMap<number, Sighting> = new Map();
   #previous: ReadonlyMap<number, Sighting> = new Map();
   #senders: ReadonlySet<number> = new Set();
+  /** Whether a notice named a shard of the last view since it was recorded. */
+  #noticedSinceView = false;
 
   /**
    * @param settleMs The member's settle: a notice is kept while a grant it may name settles.
@@ -80,6 +82,19 @@ export class HandoverNotices {
     }
     this.#previous = this.#last;
     this.#last = sightings;
+    this.#noticedSinceView = false;
+  }
+
+  /**
+   * Records a tick's view that is the same as the last one, as {@linkcode view} would, unless a
+   * notice named a shard of the last view since (then a view starts a new run of sightings).
+   *
+   * @returns Whether it was recorded (otherwise call {@linkcode view}).
+   */
+  repeat(): boolean {
+    if (this.#noticedSinceView) return false;
+    this.#previous = this.#last;
+    return true;
   }
 
   /**
@@ -104,6 +119,7 @@ export class HandoverNotices {
       const seen = this.#last.get(key2) ?? this.#previous.get(key2);
       if (seen === undefined || seen.pid !== pid || seen.noticed) continue;
       seen.noticed = true;
+      this.#noticedSinceView = true;
       keys.add(key2);
     }
     if (keys.size === 0) return;

@@ -115,3 +115,23 @@ Deno.test("rearm gives a fresh arrival signal once the last was aborted", () => 
   assert.notEqual(notices.arrived, first);
   assert.equal(notices.arrived.aborted, false);
 });
+
+Deno.test("A repeated view is recorded as a second view of the same holders, and refused once a notice named one of its shards", () => {
+  // A quiet tick reads the same answer as the last and records it with repeat(): the view before
+  // the last is then the last one, as view() with the same map would make it.
+  const notices = heard();
+  notices.view(new Map(), 50, MEMBERS);
+  assert.equal(notices.repeat(), true);
+  notices.hear(20, notice(1), 100);
+  assert.equal(notices.handedOver(1, 100, 100), false, "two views without a holder: free");
+  // A notice that named a shard of the last view starts a new run of sightings at the next view:
+  // repeat() refuses, so the member records a full view.
+  const noticed = heard();
+  noticed.hear(20, notice(1), 100);
+  assert.equal(noticed.repeat(), false);
+  noticed.view(new Map([[1, 20]]), 600, MEMBERS);
+  assert.equal(noticed.repeat(), true, "a view clears it");
+  // A notice that named nothing of the view does not.
+  noticed.hear(20, notice(7), 700);
+  assert.equal(noticed.repeat(), true);
+});
