@@ -557,12 +557,24 @@ const PERMANENT_SQLSTATES = new Set([
   "28P01", // invalid_password
   "3D000", // invalid_catalog_name: unknown database
   "42501", // insufficient_privilege (no CONNECT)
-  "08P01", // protocol_violation
 ]);
 
 /**
+ * The protocol violations (SQLSTATE 08P01) that retrying cannot fix: a database or user a pooler
+ * does not know, a startup parameter or protocol version it or the server refuses. PgBouncer
+ * reports most of its own errors as 08P01 too, and those pass as transient: a pool busy past
+ * `query_wait_timeout`, `max_client_conn` reached, a server it cannot reach or log in to (an
+ * adversarial run: every candidate and member behind PgBouncer stopped for good at its first
+ * `query_wait_timeout` while PostgreSQL was down for 12 s, or at once while the pool was full).
+ */
+const PERMANENT_PROTOCOL_VIOLATION =
+  /no such (database|user)|unsupported (startup parameter|frontend protocol)|invalid (length of )?startup packet/i;
+
+/**
  * Whether a connection error cannot be fixed by retrying: authentication, unknown database,
- * missing privilege, or a TLS certificate that fails verification.
+ * missing privilege, a protocol violation that names a refused parameter, database or user (not
+ * a pooler's busy or unreachable server: PgBouncer says those with the same SQLSTATE), or a TLS
+ * certificate that fails verification.
  *
  * @param error The error from connecting.
  * @returns `true` when retrying is pointless.
@@ -574,6 +586,7 @@ export function isPermanentPgError(error: unknown): boolean {
   const code = sqlState(error);
   if (code !== undefined && PERMANENT_SQLSTATES.has(code)) return true;
   const message = error instanceof Error ? error.message : "";
+  if (code === "08P01") return PERMANENT_PROTOCOL_VIOLATION.test(message);
   return /certificate|self[- ]signed|does not support SSL|SASL|password must be a string/i.test(
     message,
   );
