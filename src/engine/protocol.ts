@@ -164,6 +164,13 @@ export const INHERITED_LOCKS = `(SELECT CASE WHEN (
  * server does not know are skipped) and reads the server version, the backend pid and whether the
  * server can take writes. It also releases the advisory locks an earlier client left on the
  * server session, and counts them ({@linkcode INHERITED_LOCKS}).
+ *
+ * `read_only` is whether the session's next transactions are read-only: its own transaction, and
+ * the default once the settings applied (the columns are evaluated in order). Through a pooler that
+ * refuses the `options` startup parameter (PgBouncer), this statement is what applies the settings,
+ * so its own transaction began under a role's `default_transaction_read_only = on`, which the next
+ * ones no longer have (an adversarial run through PgBouncer: such a role never led, and the error
+ * blamed a standby). A standby is `standby`.
  */
 export const SET_UP: Statement = {
   name: "set_up",
@@ -172,7 +179,9 @@ export const SET_UP: Statement = {
        pg_catalog.pg_backend_pid() AS pid,
        ${applySettings("$1")} AS applied,
        pg_catalog.pg_is_in_recovery() AS standby,
-       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
+       (pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+         AND pg_catalog.current_setting('default_transaction_read_only') OPERATOR(pg_catalog.=) 'on')
+         AS read_only,
        pg_catalog.current_setting('role') AS role,
        pg_catalog.current_setting('session_authorization') AS session_authorization
   FROM ${INHERITED_LOCKS}`,

@@ -6,7 +6,9 @@ SELECT i.inherited, pg_catalog.pg_advisory_unlock_all() IS NULL AS released,
           FROM pg_catalog.json_each_text($1::pg_catalog.json) AS v
          WHERE pg_catalog.current_setting(v.key, true) IS NOT NULL)::pg_catalog.int4 AS applied,
        pg_catalog.pg_is_in_recovery() AS standby,
-       pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' AS read_only,
+       (pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+         AND pg_catalog.current_setting('default_transaction_read_only') OPERATOR(pg_catalog.=) 'on')
+         AS read_only,
        pg_catalog.current_setting('role') AS role,
        pg_catalog.current_setting('session_authorization') AS session_authorization
   FROM (SELECT CASE WHEN (
