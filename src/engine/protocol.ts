@@ -340,7 +340,8 @@ export const WAIT_LOCK: Statement = {
  * The leader's ownership check: whether this session still holds the lock, on a primary (a lock
  * held on a standby is no leader's), re-arming the server-side lease (`$3`) in the same round
  * trip. The first one after a grant is the acknowledgement that replaces the short grant window
- * with the full lease.
+ * with the full lease. It also answers the backend pid, which tells a grant not held because the
+ * session moved to another server connection (a pooler) from one really lost.
  */
 export const RENEW: Statement = {
   name: "renew",
@@ -352,7 +353,8 @@ export const RENEW: Statement = {
             AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
             AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
-       pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease`,
+       pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease,
+       pg_catalog.pg_backend_pid() AS pid`,
 };
 
 /**
@@ -707,8 +709,18 @@ export class LockStatements {
    * @returns `true` when this session still holds the lock.
    */
   async renew(runner: StatementRunner): Promise<boolean> {
+    return (await this.check(runner)).held;
+  }
+
+  /**
+   * The ownership check ({@linkcode RENEW}) with the backend pid that answered it.
+   *
+   * @param runner The session.
+   * @returns Whether this session still holds the lock, and the backend pid (0 when unknown).
+   */
+  async check(runner: StatementRunner): Promise<{ held: boolean; pid: number }> {
     const [row] = await runner.query(RENEW, [...this.#keys, this.#lease]);
-    return row?.held === true;
+    return { held: row?.held === true, pid: Number(row?.pid ?? 0) || 0 };
   }
 
   /**

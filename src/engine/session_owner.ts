@@ -151,6 +151,11 @@ export class SessionOwner<F extends UnfitFacts = SessionFacts> implements FenceP
     return this.#fatal;
   }
 
+  /** What the connector connects to, for messages. */
+  get target(): string {
+    return this.#options.connector.target;
+  }
+
   /** The backend pid of the current session (0 without an open one). */
   get backendPid(): number {
     return this.#session?.isEnded === false ? this.#facts?.backendPid ?? 0 : 0;

@@ -19,6 +19,7 @@ import {
   type LockStatements,
 } from "../engine/protocol.ts";
 import { RetrySeries } from "../engine/retry_series.ts";
+import { GrantNotHeldError } from "./grant.ts";
 import {
   READ_ONLY_SQLSTATE,
   readOnlyError,
@@ -108,9 +109,14 @@ export class Acquirer {
     const { owner, stop, setState, emit } = this.#options;
     owner.destroy();
     if (stop.aborted) return false;
-    if (isReadOnlyRefusal(error)) {
+    if (
+      isReadOnlyRefusal(error) || error instanceof GrantNotHeldError ||
+      (error instanceof ConnectionError && error.permanent)
+    ) {
       // The lock statement found a standby (a router that sends statements to different
-      // servers): one error event and a paced retry, as for a session set-up refused.
+      // servers), a grant was lost at once, or a pooler was found moving the session: one error
+      // event and a paced retry (the end, when permanent), never an immediate reconnect that
+      // could spin, as for a session set-up refused.
       setState("follower");
       return await owner.pace(error);
     }

@@ -10,12 +10,26 @@
  */
 import { withResolvers } from "../engine/_compat.ts";
 import { ABORTED, sleep, withDeadline } from "../engine/_async.ts";
-import { PgLeaderLockError } from "../engine/errors.ts";
+import { ConnectionError, PgLeaderLockError } from "../engine/errors.ts";
 import { type Clock, Lease } from "../engine/lease.ts";
 import type { LockConfig } from "../engine/config.ts";
 import { ackWindowMs, type Acquisition, type LockStatements } from "../engine/protocol.ts";
 import type { SessionOwner } from "../engine/session_owner.ts";
 import { TermState } from "../engine/fence.ts";
+import { notPinnedError } from "../pg/pooler.ts";
+
+/**
+ * A grant found not held by its acknowledgement on the same backend: something outside the
+ * protocol released it. The candidate competes again after the retry strategy's delay, not at
+ * once (an immediate retry could spin).
+ */
+export class GrantNotHeldError extends ConnectionError {
+  /** @param message What happened. */
+  constructor(message: string) {
+    super(message);
+    this.name = "ConnectionError";
+  }
+}
 
 /** What {@linkcode Grants} works with. */
 export interface GrantsOptions {
@@ -200,12 +214,27 @@ export class Grants {
   async #acknowledge(state: TermState): Promise<boolean> {
     const { clock, owner, statements } = this.#options;
     const sentAt = clock();
-    const held = await withDeadline(
-      owner.exclusive(() => owner.statement((s) => statements.renew(s))),
+    const answer = await withDeadline(
+      owner.exclusive(() => owner.statement((s) => statements.check(s))),
       state.lease.remainingMs,
     );
-    if (held === ABORTED) return false;
-    if (!held) throw new PgLeaderLockError("The lock was not held right after it was granted");
+    if (answer === ABORTED) return false;
+    if (!answer.held) {
+      const setUpPid = owner.facts?.backendPid ?? 0;
+      if (answer.pid !== 0 && setUpPid !== 0 && answer.pid !== setUpPid) {
+        // The same client connection, answered by another backend than the one that set it up
+        // and took the lock: a pooler hands this client's statements to other server sessions.
+        throw notPinnedError(
+          owner.target,
+          `the lock was granted, then the next statement on the same connection was answered by ` +
+            `backend pid ${answer.pid}, not by pid ${setUpPid} that was set up and took the lock`,
+        );
+      }
+      throw new GrantNotHeldError(
+        `The lock on ${owner.target} was granted, then found not held by the next statement on ` +
+          `the same backend (pid ${setUpPid}): something outside the protocol released it`,
+      );
+    }
     state.lease.renew(sentAt);
     state.checked(sentAt);
     return true;

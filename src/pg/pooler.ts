@@ -352,13 +352,7 @@ export async function assertSessionPinned(
     case "pinned":
       return;
     case "not-pinned":
-      throw new ConnectionError(
-        `Cannot elect a leader through ${target}: the connection goes through a pooler that does not ` +
-          `keep a client on one server session (${verdict.evidence}). Session-level advisory locks need ` +
-          `a dedicated session: connect to PostgreSQL directly, or use PgBouncer's ` +
-          `pool_mode = session.`,
-        { permanent: true },
-      );
+      throw notPinnedError(target, verdict.evidence);
     case "unknown": {
       if (signal?.aborted) throw signal.reason;
       const code = sqlStateOf(verdict.error);
@@ -489,4 +483,21 @@ function sqlStateOf(error: unknown): string | undefined {
 function randomNonce(): string {
   const bytes = crypto.getRandomValues(new Uint8Array(12));
   return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * The permanent error for a connection that demonstrably does not stay on one server session.
+ *
+ * @param target What was connected to.
+ * @param evidence What showed it (positive evidence only).
+ * @returns A permanent {@linkcode ConnectionError}.
+ */
+export function notPinnedError(target: string, evidence: string): ConnectionError {
+  return new ConnectionError(
+    `Cannot elect a leader through ${target}: the connection goes through a pooler that does not ` +
+      `keep a client on one server session (${evidence}). Session-level advisory locks need ` +
+      `a dedicated session: connect to PostgreSQL directly, or use PgBouncer's ` +
+      `pool_mode = session.`,
+    { permanent: true },
+  );
 }

@@ -439,6 +439,61 @@ Deno.test({
 });
 
 Deno.test({
+  name: `LeaderLock stops with the pooler error when transaction pooling gets past the probe and ` +
+    `moves the session right after a grant, instead of reconnecting in a loop${SKIP_NOTE}`,
+  ignore: NO_PGBOUNCER,
+  fn: async () => {
+    // Found by an adversarial run: with server_round_robin and a pool of exactly three warm
+    // server connections, the probe's statements can all land on the session's own server
+    // connection; the next statement after the grant did not, and the candidate reconnected
+    // ~88 times a second, blaming something else.
+    await using server = await startPostgres();
+    await using bouncer = await startPgBouncer(server, {
+      poolMode: "transaction",
+      settings: { server_round_robin: 1, default_pool_size: 3, min_pool_size: 3 },
+    });
+    const warm = [0, 1, 2].map(() => new KitClient({ connectionString: bouncer.dsn }));
+    await Promise.all(warm.map((c) => c.connect()));
+    await Promise.all(warm.map((c) => c.query("SELECT pg_catalog.pg_sleep(0.3)")));
+    await Promise.all(warm.map((c) => c.end()));
+    const keys = freshKeys();
+    const lock = new LeaderLock(fastOptions(server, keys, { dsn: bouncer.dsn }));
+    const errors: ConnectionError[] = [];
+    lock.addEventListener("error", (e) => {
+      const error = (e as ErrorEvent).error;
+      if (error instanceof ConnectionError) errors.push(error);
+    });
+    const stopped = new Promise<void>((resolve) =>
+      lock.addEventListener("statechange", () => lock.state === "stopped" && resolve())
+    );
+    try {
+      // Either the probe refuses at start, or the first grant shows the move.
+      const started = await lock.start({ timeoutMs: 10_000 }).then(() => true, () => false);
+      if (started) {
+        const timer = new Promise<"timeout">((r) => setTimeout(() => r("timeout"), 10_000));
+        const outcome = await Promise.race([stopped.then(() => "stopped" as const), timer]);
+        assertEquals(outcome, "stopped", `errors: ${errors.map((e) => e.message).join(" | ")}`);
+      }
+      assertEquals(lock.state, "stopped");
+      const last = errors.at(-1);
+      assert(last?.permanent, `a permanent error: ${last?.message}`);
+      assert(last.message.includes("pool_mode = session"), last.message);
+      assert(errors.length <= 3, `no reconnect loop: ${errors.length} errors`);
+      // The grant stayed on the server connection the pooler took back; the lease the grant
+      // armed (idle_session_timeout) ends that server session once it idles.
+      let held = await holderCount(server, keys);
+      for (let i = 0; i < 100 && held > 0; i++) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        held = await holderCount(server, keys);
+      }
+      assertEquals(held, 0, "the lock left on the pooled server connection ends with its lease");
+    } finally {
+      await lock.shutdown();
+    }
+  },
+});
+
+Deno.test({
   name:
     `LeaderLock elects one leader and hands over through PgBouncer in session pooling${SKIP_NOTE}`,
   ignore: NO_PGBOUNCER,

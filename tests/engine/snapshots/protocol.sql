@@ -198,7 +198,8 @@ SELECT NOT pg_catalog.pg_is_in_recovery() AND EXISTS (
             AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
             AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
             AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()) AS held,
-       pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease;
+       pg_catalog.set_config('idle_session_timeout', $3::pg_catalog.text, false) AS lease,
+       pg_catalog.pg_backend_pid() AS pid;
 
 -- fence_begin []
 BEGIN;
