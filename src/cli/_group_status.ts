@@ -178,7 +178,10 @@ function print(logger: Logger, info: GroupInfo, shards: readonly number[] | unde
     logger.event("unowned", { count: info.unowned.length, shards: keyRanges(info.unowned) }, time);
   }
   for (const { key2, pid } of info.foreign) {
-    logger.event("foreign", { key2, pid, message: "held by a session that is not a member" }, time);
+    const message = pid === 0
+      ? "held by a prepared transaction (see pg_prepared_xacts)"
+      : "held by a session that is not a member";
+    logger.event("foreign", { key2, pid, message }, time);
   }
   for (const { key2, pid } of info.outside ?? []) {
     logger.event("outside", { key2, pid, message: "a lock of key1 outside --shards" }, time);

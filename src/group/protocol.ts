@@ -250,7 +250,7 @@ export function unlistenStatement(key1: number): string {
 /**
  * What anyone with CONNECT can see of group key1 = `$1`: every granted lock of the group with
  * its form (objsubid 1 = member, 2 = shard), key, holder pid and the holder's application_name
- * (visible for other roles' sessions too).
+ * (visible for other roles' sessions too). A prepared transaction's lock has a NULL pid.
  */
 export const INSPECT = `
 SELECT l.objsubid::pg_catalog.int4 AS form, l.objid::pg_catalog.int8 AS objid,
@@ -746,7 +746,10 @@ export interface InspectedMember {
 export interface InspectedGroup {
   /** The live members, by id. */
   readonly members: readonly InspectedMember[];
-  /** key2 -> holder pid, for every held shard (members' and anyone else's). */
+  /**
+   * key2 -> holder pid, for every held shard (members' and anyone else's); 0 for a prepared
+   * transaction's hold.
+   */
   readonly holders: ReadonlyMap<number, number>;
 }
 
@@ -762,9 +765,11 @@ export async function inspect(session: LockSession, key1: number): Promise<Inspe
   const holders = new Map<number, number>();
   const byPid = new Map<number, { memberId: number; identity: string | undefined }>();
   for (const row of rows) {
-    const pid = Number(row.pid);
+    // A prepared transaction's lock has no pid (pg_locks.pid is NULL): 0 here, never a member.
+    const pid = Number(row.pid ?? 0) || 0;
     const objid = Number(row.objid);
     if (Number(row.form) === 1) {
+      if (pid === 0) continue;
       const name = row.application_name;
       byPid.set(pid, {
         memberId: objid >>> 0,

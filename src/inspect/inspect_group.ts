@@ -48,7 +48,9 @@ export interface GroupInfo {
   readonly members: readonly GroupMemberInfo[];
   /**
    * Shards held by sessions that are not members of the group, with the holder's backend pid:
-   * another program using the same keys, which the members cannot take. With
+   * another program using the same keys, which the members cannot take. Pid 0 is a prepared
+   * transaction (`PREPARE TRANSACTION`) that took the lock: it holds it until `COMMIT PREPARED`
+   * or `ROLLBACK PREPARED` (see `pg_prepared_xacts`), across server restarts too. With
    * {@linkcode InspectGroupOptions.shards}, only those shards; else every two-int lock of key1.
    */
   readonly foreign: readonly { readonly key2: number; readonly pid: number }[];
