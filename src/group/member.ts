@@ -94,6 +94,7 @@ import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
 import { HandoverNotices } from "./handover_notices.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
+import { notPinnedError } from "../pg/pooler.ts";
 import {
   acquire,
   bellChannel,
@@ -1139,6 +1140,16 @@ export class GroupMember {
       }
       const me = seen.members.find((m) => m.memberId === this.#memberId);
       if (!me || me.pid !== seen.backendPid) {
+        const setUpPid = this.#facts?.backendPid ?? 0;
+        if (seen.backendPid > 0 && setUpPid > 0 && seen.backendPid !== setUpPid) {
+          // The same client connection, answered by another backend than the one that set it up
+          // and joined: a pooler hands this member's statements to other server sessions.
+          throw notPinnedError(
+            this.#owner.target,
+            `the member's read of pg_locks on the same connection was answered by backend pid ` +
+              `${seen.backendPid}, not by pid ${setUpPid} that was set up and joined`,
+          );
+        }
         throw new PgLeaderLockError(
           `The member lock of ${this.#memberId} in group ${key1} is not held by this session`,
         );

@@ -1,5 +1,5 @@
 import { assert, assertEquals, assertRejects } from "../_assert.ts";
-import { ConnectionError, LeaderLock } from "../../mod.ts";
+import { ConnectionError, LeaderGroup, LeaderLock } from "../../mod.ts";
 import {
   assertSessionPinned,
   judgeProbe,
@@ -383,6 +383,22 @@ Deno.test("assertSessionPinned() on real connections", async (t) => {
 });
 
 /** Holders of (key1, key2) as the server sees them, by backend pid. */
+/**
+ * PgBouncer in transaction pooling with `server_round_robin` and exactly three warm server
+ * connections: the pooler probe's statements can all land on the session's own server connection.
+ */
+async function roundRobinPool(server: TestPostgres) {
+  const bouncer = await startPgBouncer(server, {
+    poolMode: "transaction",
+    settings: { server_round_robin: 1, default_pool_size: 3, min_pool_size: 3 },
+  });
+  const warm = [0, 1, 2].map(() => new KitClient({ connectionString: bouncer.dsn }));
+  await Promise.all(warm.map((c) => c.connect()));
+  await Promise.all(warm.map((c) => c.query("SELECT pg_catalog.pg_sleep(0.3)")));
+  await Promise.all(warm.map((c) => c.end()));
+  return bouncer;
+}
+
 async function holderCount(server: TestPostgres, keys: { key1: number; key2: number }) {
   return (await holders(server, keys)).length;
 }
@@ -448,14 +464,7 @@ Deno.test({
     // connection; the next statement after the grant did not, and the candidate reconnected
     // ~88 times a second, blaming something else.
     await using server = await startPostgres();
-    await using bouncer = await startPgBouncer(server, {
-      poolMode: "transaction",
-      settings: { server_round_robin: 1, default_pool_size: 3, min_pool_size: 3 },
-    });
-    const warm = [0, 1, 2].map(() => new KitClient({ connectionString: bouncer.dsn }));
-    await Promise.all(warm.map((c) => c.connect()));
-    await Promise.all(warm.map((c) => c.query("SELECT pg_catalog.pg_sleep(0.3)")));
-    await Promise.all(warm.map((c) => c.end()));
+    await using bouncer = await roundRobinPool(server);
     const keys = freshKeys();
     const lock = new LeaderLock(fastOptions(server, keys, { dsn: bouncer.dsn }));
     const errors: ConnectionError[] = [];
@@ -489,6 +498,42 @@ Deno.test({
       assertEquals(held, 0, "the lock left on the pooled server connection ends with its lease");
     } finally {
       await lock.shutdown();
+    }
+  },
+});
+
+Deno.test({
+  name:
+    `LeaderGroup stops with the pooler error when transaction pooling gets past the probe and ` +
+    `answers its tick from another server session${SKIP_NOTE}`,
+  ignore: NO_PGBOUNCER,
+  fn: async () => {
+    await using server = await startPostgres();
+    await using bouncer = await roundRobinPool(server);
+    const group = new LeaderGroup({
+      dsn: bouncer.dsn,
+      key1: freshKeys().key1,
+      shards: 4,
+      healthIntervalMs: 300,
+      leaseMs: 3000,
+    });
+    const errors: unknown[] = [];
+    group.addEventListener("error", (e) => errors.push((e as ErrorEvent).error));
+    try {
+      const timer = new Promise<"timeout">((r) => setTimeout(() => r("timeout"), 15_000));
+      const outcome = await Promise.race([
+        group.lead(() => {}).then(() => "resolved", (error: unknown) => error),
+        timer,
+      ]);
+      assert(
+        outcome instanceof ConnectionError,
+        `lead() rejects with a ConnectionError: ${outcome}, errors: ${errors.join(" | ")}`,
+      );
+      assert(outcome.permanent);
+      assert(outcome.message.includes("pool_mode = session"), outcome.message);
+      assert(errors.length <= 3, `no reconnect loop: ${errors.length} errors`);
+    } finally {
+      await group.shutdown();
     }
   },
 });
