@@ -295,6 +295,11 @@ export class GroupMember {
    * the last: a tick that a bell started right after a handover's unlock sees the shard free,
    * and the tick before saw it held.
    */
+  /**
+   * When this member's full ticks first saw each live member id (its tick number and time): a
+   * shard of a member's share is rescued only once that member has had as long to take it.
+   */
+  readonly #memberSince = new Map<number, { readonly tick: number; readonly at: number }>();
   #prevOthers: ReadonlySet<number> = new Set();
   #prevHolders: readonly number[] = [];
   /** The last tick's view: sessions that held shards without a member lock (leaving members). */
@@ -1164,6 +1169,7 @@ export class GroupMember {
       if (this.#gone !== undefined) continue;
       const others = new Set(seen.others);
       const memberPids = new Set(seen.members.map((m) => m.pid));
+      this.#noteMembers(seen, sentAt);
       this.#prevOthers = this.#lastOthers;
       this.#prevHolders = this.#lastHolders;
       this.#lastOthers = others;
@@ -1270,10 +1276,17 @@ export class GroupMember {
       // holds shards, so it is not counted absent, yet it does not take this one) is rescued
       // beyond the fair share, unless the lock table is full (then nobody can take it).
       const chosen = new Set([...wanted, ...adopt, ...taken]);
-      const rescue = this.#fullSince !== undefined ? [] : free.filter((k) =>
-        !chosen.has(k) &&
-        this.#lasted(this.#freeStreak.get(k), this.#config.adoptAfterTicks + RESCUE_EXTRA_TICKS)
-      );
+      // Only once its owner has been a member that long too: during a start the membership
+      // grows tick by tick, and a shard free since before its owner joined is one the owner is
+      // still taking (rescued then, it was held 10 ticks against its owner's polls: a start at
+      // 10,000 x 10 balanced after ~16 s instead of 4-6 in about one start of six).
+      const rescueAfter = this.#config.adoptAfterTicks + RESCUE_EXTRA_TICKS;
+      const rescue = this.#fullSince !== undefined
+        ? []
+        : free.filter((k) =>
+          !chosen.has(k) && this.#lasted(this.#freeStreak.get(k), rescueAfter) &&
+          this.#memberFor(assignment.ownerOf.get(k), rescueAfter, sentAt)
+        );
       const got = await this.#acquire([...wanted, ...adopt, ...rescue], !takeover);
       if (adopt.length > 0 && !takeover) {
         const gotSet = new Set(got);
@@ -1734,6 +1747,30 @@ export class GroupMember {
     this.#starvedTicks = starving ? this.#starvedTicks + 1 : 0;
     return this.#starvedTicks > this.#config.adoptAfterTicks + ADOPTED_HOLD_TICKS + 2 &&
       now - this.#starvedSince! >= this.#config.leaseMs;
+  }
+
+  /** Records when each member id of `seen` was first seen, and forgets those gone. */
+  #noteMembers(seen: Observation, sentAt: number): void {
+    const ids = new Set<number>();
+    for (const { memberId } of seen.members) {
+      ids.add(memberId);
+      if (!this.#memberSince.has(memberId)) {
+        this.#memberSince.set(memberId, { tick: this.#tick, at: sentAt });
+      }
+    }
+    for (const id of [...this.#memberSince.keys()]) if (!ids.has(id)) this.#memberSince.delete(id);
+  }
+
+  /**
+   * Whether member `id` has been seen for `ticks` ticks spanning `ticks - 1` health intervals
+   * (as {@linkcode #lasted}); `true` for no member.
+   */
+  #memberFor(id: number | undefined, ticks: number, now: number): boolean {
+    if (id === undefined) return true;
+    const since = this.#memberSince.get(id);
+    if (since === undefined) return false;
+    return this.#tick - since.tick + 1 >= ticks &&
+      now - since.at >= (ticks - 1) * this.#config.healthIntervalMs;
   }
 
   /** Leaves under the current member id and joins under a new one. */
