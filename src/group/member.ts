@@ -94,7 +94,7 @@ import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
 import { HandoverNotices } from "./handover_notices.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
-import { notPinnedError } from "../pg/pooler.ts";
+import { movedSessionError } from "../pg/pooler.ts";
 import {
   acquire,
   bellChannel,
@@ -288,6 +288,11 @@ export class GroupMember {
    * `announceAt` (the member's clock): key2 -> token and when.
    */
   readonly #outwaiting = new Map<number, { token: bigint; announceAt: number }>();
+  /**
+   * When this member's full ticks first saw each live member id (its tick number and time): a
+   * shard of a member's share is rescued only once that member has had as long to take it.
+   */
+  readonly #memberSince = new Map<number, { readonly tick: number; readonly at: number }>();
   /** The last tick's view: shards other sessions held, and the member pids that held shards. */
   #lastOthers: ReadonlySet<number> = new Set();
   /**
@@ -295,11 +300,6 @@ export class GroupMember {
    * the last: a tick that a bell started right after a handover's unlock sees the shard free,
    * and the tick before saw it held.
    */
-  /**
-   * When this member's full ticks first saw each live member id (its tick number and time): a
-   * shard of a member's share is rescued only once that member has had as long to take it.
-   */
-  readonly #memberSince = new Map<number, { readonly tick: number; readonly at: number }>();
   #prevOthers: ReadonlySet<number> = new Set();
   #prevHolders: readonly number[] = [];
   /** The last tick's view: sessions that held shards without a member lock (leaving members). */
@@ -1145,16 +1145,13 @@ export class GroupMember {
       }
       const me = seen.members.find((m) => m.memberId === this.#memberId);
       if (!me || me.pid !== seen.backendPid) {
-        const setUpPid = this.#facts?.backendPid ?? 0;
-        if (seen.backendPid > 0 && setUpPid > 0 && seen.backendPid !== setUpPid) {
-          // The same client connection, answered by another backend than the one that set it up
-          // and joined: a pooler hands this member's statements to other server sessions.
-          throw notPinnedError(
-            this.#owner.target,
-            `the member's read of pg_locks on the same connection was answered by backend pid ` +
-              `${seen.backendPid}, not by pid ${setUpPid} that was set up and joined`,
-          );
-        }
+        const moved = movedSessionError(
+          this.#owner.target,
+          seen.backendPid,
+          this.#facts?.backendPid ?? 0,
+          "the member's read of pg_locks",
+        );
+        if (moved) throw moved;
         throw new PgLeaderLockError(
           `The member lock of ${this.#memberId} in group ${key1} is not held by this session`,
         );

@@ -16,7 +16,7 @@ import type { LockConfig } from "../engine/config.ts";
 import { ackWindowMs, type Acquisition, type LockStatements } from "../engine/protocol.ts";
 import type { SessionOwner } from "../engine/session_owner.ts";
 import { TermState } from "../engine/fence.ts";
-import { notPinnedError } from "../pg/pooler.ts";
+import { movedSessionError } from "../pg/pooler.ts";
 
 /**
  * A grant found not held by its acknowledgement on the same backend: something outside the
@@ -221,15 +221,13 @@ export class Grants {
     if (answer === ABORTED) return false;
     if (!answer.held) {
       const setUpPid = owner.facts?.backendPid ?? 0;
-      if (answer.pid !== 0 && setUpPid !== 0 && answer.pid !== setUpPid) {
-        // The same client connection, answered by another backend than the one that set it up
-        // and took the lock: a pooler hands this client's statements to other server sessions.
-        throw notPinnedError(
-          owner.target,
-          `the lock was granted, then the next statement on the same connection was answered by ` +
-            `backend pid ${answer.pid}, not by pid ${setUpPid} that was set up and took the lock`,
-        );
-      }
+      const moved = movedSessionError(
+        owner.target,
+        answer.pid,
+        setUpPid,
+        "the lock was granted, then the next statement",
+      );
+      if (moved) throw moved;
       throw new GrantNotHeldError(
         `The lock on ${owner.target} was granted, then found not held by the next statement on ` +
           `the same backend (pid ${setUpPid}): something outside the protocol released it`,

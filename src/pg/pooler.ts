@@ -501,3 +501,28 @@ export function notPinnedError(target: string, evidence: string): ConnectionErro
     { permanent: true },
   );
 }
+
+/**
+ * Positive evidence of a pooler found after connecting: a statement on the session's client
+ * connection answered by another backend than the one that set the session up.
+ *
+ * @param target What was connected to.
+ * @param answeredPid The backend pid the statement answered (0 when unknown).
+ * @param setUpPid The backend pid that set the session up (0 when unknown).
+ * @param what The statement, for the message ("the member's read of pg_locks").
+ * @returns The permanent {@linkcode notPinnedError}, or `undefined` when the pids match or one is
+ * unknown.
+ */
+export function movedSessionError(
+  target: string,
+  answeredPid: number,
+  setUpPid: number,
+  what: string,
+): ConnectionError | undefined {
+  if (answeredPid === 0 || setUpPid === 0 || answeredPid === setUpPid) return undefined;
+  return notPinnedError(
+    target,
+    `${what} on the same connection was answered by backend pid ${answeredPid}, not by pid ` +
+      `${setUpPid} that set the session up`,
+  );
+}

@@ -11,13 +11,9 @@ import { LeaderGroup } from "../../src/group/leader_group.ts";
 import type { PgClient as LibraryClient } from "../../src/pg/pg_session.ts";
 import { startPostgres, type TestPostgres } from "../../testing.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
-import { findPgBouncer, startPgBouncer } from "../../src/testing/pgbouncer.ts";
+import { startPgBouncer } from "../../src/testing/pgbouncer.ts";
+import { NO_PGBOUNCER, SKIP_NOTE } from "./_pgbouncer.ts";
 import { fastOptions, freshKeys, holders, shutdownAll, until } from "../_helpers.ts";
-
-const NO_PGBOUNCER = (await findPgBouncer()) === undefined;
-const SKIP_NOTE = NO_PGBOUNCER
-  ? " (SKIPPED: pgbouncer is not installed; run .ci/install-pgbouncer.sh)"
-  : "";
 
 /**
  * A connected client that already holds the session-level advisory locks `locks`, returned

@@ -10,13 +10,9 @@ import { FixedInterval, LeaderLock } from "../../mod.ts";
 import { LeaderGroup } from "../../src/group/leader_group.ts";
 import { startPostgres } from "../../testing.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
-import { findPgBouncer, startPgBouncer } from "../../src/testing/pgbouncer.ts";
+import { startPgBouncer } from "../../src/testing/pgbouncer.ts";
+import { NO_PGBOUNCER, SKIP_NOTE } from "./_pgbouncer.ts";
 import { fastOptions, freshKeys, until } from "../_helpers.ts";
-
-const NO_PGBOUNCER = (await findPgBouncer()) === undefined;
-const SKIP_NOTE = NO_PGBOUNCER
-  ? " (SKIPPED: pgbouncer is not installed; run .ci/install-pgbouncer.sh)"
-  : "";
 
 Deno.test({
   name: "A LeaderLock and a LeaderGroup behind a PgBouncer whose max_client_conn is reached keep " +

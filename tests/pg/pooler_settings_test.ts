@@ -7,13 +7,9 @@
 import { assert, assertEquals } from "../_assert.ts";
 import { LeaderLock } from "../../mod.ts";
 import { startPostgres } from "../../testing.ts";
-import { findPgBouncer, startPgBouncer } from "../../src/testing/pgbouncer.ts";
+import { startPgBouncer } from "../../src/testing/pgbouncer.ts";
+import { NO_PGBOUNCER, SKIP_NOTE } from "./_pgbouncer.ts";
 import { fastOptions, freshKeys } from "../_helpers.ts";
-
-const NO_PGBOUNCER = (await findPgBouncer()) === undefined;
-const SKIP_NOTE = NO_PGBOUNCER
-  ? " (SKIPPED: pgbouncer is not installed; run .ci/install-pgbouncer.sh)"
-  : "";
 
 Deno.test({
   name:

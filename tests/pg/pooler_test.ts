@@ -10,15 +10,10 @@ import { type PgClient, PgSession } from "../../src/pg/pg_session.ts";
 import type { LockSession } from "../../src/engine/session.ts";
 import { startPostgres, startTcpProxy, type TcpProxy, type TestPostgres } from "../../testing.ts";
 import { PgClient as KitClient } from "../../src/testing/_pg.ts";
-import { findPgBouncer, type PoolMode, startPgBouncer } from "../../src/testing/pgbouncer.ts";
+import { type PoolMode, startPgBouncer } from "../../src/testing/pgbouncer.ts";
+import { NO_PGBOUNCER, SKIP_NOTE } from "./_pgbouncer.ts";
 import { fastOptions, freshKeys, holders, shutdownAll } from "../_helpers.ts";
 
-// .ci/install-pgbouncer.sh installs Debian's pgbouncer; without it these tests cannot run.
-const PGBOUNCER = await findPgBouncer();
-const NO_PGBOUNCER = PGBOUNCER === undefined;
-const SKIP_NOTE = NO_PGBOUNCER
-  ? " (SKIPPED: pgbouncer is not installed; run .ci/install-pgbouncer.sh)"
-  : "";
 // The LeaderLock-level tests need the library to call assertSessionPinned when a session opens.
 const WIRED = (await Deno.readTextFile(new URL("../../src/pg/pg_session.ts", import.meta.url)))
   .includes("assertSessionPinned");
