@@ -289,8 +289,10 @@ export class GroupMember {
    */
   readonly #outwaiting = new Map<number, { token: bigint; announceAt: number }>();
   /**
-   * When this member's full ticks first saw each live member id (its tick number and time): a
-   * shard of a member's share is rescued only once that member has had as long to take it.
+   * When this member's full ticks first saw each member session (by backend pid: its tick number
+   * and time): a shard of a member's share is rescued only once that member's session has had as
+   * long to take it. By session, not member id: a session can add member locks under new ids at
+   * will, and an owner that was always the newest id would never be rescued from.
    */
   readonly #memberSince = new Map<number, { readonly tick: number; readonly at: number }>();
   /** The last tick's view: shards other sessions held, and the member pids that held shards. */
@@ -1746,25 +1748,25 @@ export class GroupMember {
       now - this.#starvedSince! >= this.#config.leaseMs;
   }
 
-  /** Records when each member id of `seen` was first seen, and forgets those gone. */
+  /** Records when each member session of `seen` was first seen, and forgets those gone. */
   #noteMembers(seen: Observation, sentAt: number): void {
-    const ids = new Set<number>();
-    for (const { memberId } of seen.members) {
-      ids.add(memberId);
-      if (!this.#memberSince.has(memberId)) {
-        this.#memberSince.set(memberId, { tick: this.#tick, at: sentAt });
-      }
+    const pids = new Set<number>();
+    for (const { pid } of seen.members) {
+      pids.add(pid);
+      if (!this.#memberSince.has(pid)) this.#memberSince.set(pid, { tick: this.#tick, at: sentAt });
     }
-    for (const id of [...this.#memberSince.keys()]) if (!ids.has(id)) this.#memberSince.delete(id);
+    for (const pid of [...this.#memberSince.keys()]) {
+      if (!pids.has(pid)) this.#memberSince.delete(pid);
+    }
   }
 
   /**
-   * Whether member `id` has been seen for `ticks` ticks spanning `ticks - 1` health intervals
-   * (as {@linkcode #lasted}); `true` for no member.
+   * Whether member `id`'s session has been seen for `ticks` ticks spanning `ticks - 1` health
+   * intervals (as {@linkcode #lasted}); `true` for no member.
    */
   #memberFor(id: number | undefined, ticks: number, now: number): boolean {
     if (id === undefined) return true;
-    const since = this.#memberSince.get(id);
+    const since = this.#memberSince.get(this.#lastMemberPid.get(id) ?? 0);
     if (since === undefined) return false;
     return this.#tick - since.tick + 1 >= ticks &&
       now - since.at >= (ticks - 1) * this.#config.healthIntervalMs;
