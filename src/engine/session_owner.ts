@@ -407,7 +407,7 @@ export function inheritedLocksError(count: number, target: string): ConnectionEr
   return new ConnectionError(
     `The session opened on ${target} already held ${count} advisory lock${
       count === 1 ? "" : "s"
-    } of an earlier client, released now: the server connection was handed over without a reset. Behind PgBouncer, use pool_mode = session with server_reset_query = DISCARD ALL (its default); a client from pool.connect() must not come back holding locks. Until then a lock can stay held after its client has gone, for as long as the next client's session lives`,
+    } of an earlier client, released now: the server connection was handed over without a reset, or is shared with a client that still uses it (a transaction or statement pool). Behind PgBouncer, use pool_mode = session with server_reset_query = DISCARD ALL (its default); a client from pool.connect() must not come back holding locks. Until then a lock can stay held after its client has gone, for as long as the next client's session lives`,
   );
 }
 

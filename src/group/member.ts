@@ -94,7 +94,7 @@ import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
 import { HandoverNotices } from "./handover_notices.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
-import { movedSessionError } from "../pg/pooler.ts";
+import { movedSessionError, sharedSessionError } from "../pg/pooler.ts";
 import {
   acquire,
   bellChannel,
@@ -1154,6 +1154,16 @@ export class GroupMember {
           "the member's read of pg_locks",
         );
         if (moved) throw moved;
+        // Only this session's statements take locks on its backend: another member's lock
+        // there, with this member's own gone, is another client on the same server connection
+        // (a transaction pool the probe did not catch, whose set-up unlocked this member's
+        // locks). Through a warmed PgBouncer transaction pool a member re-led every 0.6 s.
+        const stranger = seen.members.find((m) =>
+          m.pid === seen.backendPid && m.memberId !== this.#memberId
+        );
+        if (stranger) {
+          throw sharedSessionError(this.#owner.target, seen.backendPid, stranger.memberId);
+        }
         throw new PgLeaderLockError(
           `The member lock of ${this.#memberId} in group ${key1} is not held by this session`,
         );
@@ -1984,6 +1994,15 @@ export class GroupMember {
       // A standby (a router sent the session there, or the DSN names a demoted host): nothing
       // was taken; the session is closed and the member connects again, paced.
       if (got.readOnly) throw readOnlyError(this.#config.target ?? "the server");
+      // Granted to another backend (a transaction pool past the probe: the member led shards
+      // whose locks another server connection held, and lost them at each tick's read).
+      const moved = movedSessionError(
+        this.#owner.target,
+        got.pid,
+        this.#facts?.backendPid ?? 0,
+        "the member's try-lock of its shards",
+      );
+      if (moved) throw moved;
       answeredAt = clock();
       this.#lease.renew(sentAt);
       if (got.token !== undefined) {

@@ -124,6 +124,8 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
  * so that pgpool-II sends it to the primary also when a `write_function_list` makes the
  * try-locks look like reads. A standby grants advisory locks too, and the token would fail there ("cannot
  * assign TransactionIds during recovery", XX000) after the locks were taken, leaving them held.
+ * It answers the backend's pid: try-locks granted to another backend than the member's are a
+ * transaction pool the probe did not catch.
  */
 export const ACQUIRE = `
 WITH ro AS MATERIALIZED (
@@ -146,7 +148,8 @@ SELECT pg_catalog.array_to_string(pg_catalog.array_agg(a.key2) FILTER (WHERE a.o
        END AS walfile,
        CASE WHEN pg_catalog.bool_or(a.ok)
             THEN pg_catalog.pg_current_xact_id()::pg_catalog.text END AS xid,
-       (SELECT ro.read_only FROM ro) AS read_only
+       (SELECT ro.read_only FROM ro) AS read_only,
+       pg_catalog.pg_backend_pid() AS pid
   FROM attempt AS a`;
 
 /**
@@ -510,6 +513,8 @@ export interface Acquired {
   readonly token: bigint | undefined;
   /** The server is a standby or the session read-only: nothing was taken. */
   readonly readOnly: boolean;
+  /** The backend pid that ran the statement (0 when the answer had none). */
+  readonly pid: number;
 }
 
 /**
@@ -542,7 +547,12 @@ export async function acquire(
   const token = typeof row?.walfile === "string" && typeof row?.xid === "string"
     ? fencingToken(row.walfile, row.xid)
     : undefined;
-  return { shards: token === undefined ? [] : taken, token, readOnly: row?.read_only === true };
+  return {
+    shards: token === undefined ? [] : taken,
+    token,
+    readOnly: row?.read_only === true,
+    pid: typeof row?.pid === "number" ? row.pid : 0,
+  };
 }
 
 /**

@@ -526,3 +526,27 @@ export function movedSessionError(
       `${setUpPid} that set the session up`,
   );
 }
+
+/**
+ * Positive evidence of a pooler found after connecting: a group member's read of `pg_locks`
+ * found its own backend holding another member's member lock and not its own. Only statements
+ * sent on a session take locks on its backend, so another client shares the server connection
+ * (a transaction pool that the connect-time probe did not catch) and its set-up released this
+ * member's locks.
+ *
+ * @param target What was connected to.
+ * @param backendPid The session's backend pid.
+ * @param otherMemberId The member id of the lock that is not this member's.
+ * @returns The permanent {@linkcode notPinnedError}.
+ */
+export function sharedSessionError(
+  target: string,
+  backendPid: number,
+  otherMemberId: number,
+): ConnectionError {
+  return notPinnedError(
+    target,
+    `the member's read of pg_locks found its own backend, pid ${backendPid}, holding the ` +
+      `member lock of ${otherMemberId} and not its own: another client shares its server connection`,
+  );
+}
