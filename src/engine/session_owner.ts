@@ -10,7 +10,7 @@
  * @module
  */
 import { withResolvers } from "./_compat.ts";
-import { ABORTED, sleep, untilAborted } from "./_async.ts";
+import { ABORTED, DeadlineError, sleep, untilAborted } from "./_async.ts";
 import {
   ConnectionError,
   type PgLeaderLockError,
@@ -440,8 +440,13 @@ export function readOnlyError(target: string): ConnectionError {
 export function connectionFailure(error: unknown, target: string): ConnectionError {
   if (error instanceof ConnectionError) return error;
   const code = sqlState(error);
+  // No answer at all: nothing says why, so say where to look (seen behind HAProxy, which holds a
+  // new connection while it retries a refused server).
+  const hint = error instanceof DeadlineError
+    ? " (an unreachable or overloaded server, or a proxy holding the connection while it retries another server, as HAProxy does with `retries`)"
+    : "";
   return new ConnectionError(
-    `Cannot set up a session on ${target}: ${serverErrorText(error, code)}`,
+    `Cannot set up a session on ${target}: ${serverErrorText(error, code)}${hint}`,
     { cause: error, code },
   );
 }

@@ -1,5 +1,7 @@
 import { assert, assertEquals } from "../_assert.ts";
 import { asLockError, serverHint } from "../../src/engine/errors.ts";
+import { DeadlineError } from "../../src/engine/_async.ts";
+import { connectionFailure } from "../../src/engine/session_owner.ts";
 
 /** A server error as npm:pg gives it. */
 function serverError(code: string, message: string): Error {
@@ -17,4 +19,12 @@ Deno.test("a temp_file_limit failure says which role settings to raise, and othe
   assertEquals(serverHint(serverError("53400", "too many connections for role")), "");
   assertEquals(serverHint(serverError("57P01", "terminating connection")), "");
   assertEquals(serverHint("not an error"), "");
+});
+
+Deno.test("a set-up that got no answer in time names the proxy retry among the causes, and a server error does not", () => {
+  const silent = connectionFailure(new DeadlineError(3000), "127.0.0.1:5000/postgres");
+  assert(silent.message.includes("No answer within 3000 ms"), silent.message);
+  assert(silent.message.includes("HAProxy"), silent.message);
+  const refused = connectionFailure(serverError("28P01", "password authentication failed"), "x");
+  assert(!refused.message.includes("HAProxy"), refused.message);
 });
