@@ -342,6 +342,14 @@ async function runGroup(pg: TestPostgres, n: number, m: number, key1: number): P
         `N=${n} M=${m}: violations by kind ${JSON.stringify(Object.fromEntries(kinds))}`,
       );
       for (const line of examples) console.error(`  ${line}`);
+      // The evidence, for whoever traces it: every member's lines, as the checker read them.
+      const file = `${Deno.makeTempDirSync({ prefix: "pgleaderlock-violations-" })}/members.jsonl`;
+      Deno.writeTextFileSync(
+        file,
+        all.flatMap((p) => p.records.map((r) => JSON.stringify({ member: p.name, ...r })))
+          .join("\n") + "\n",
+      );
+      console.error(`  every member's lines: ${file}`);
     }
     for (const report of reports.values()) {
       violations += report.violations.length;
