@@ -1147,13 +1147,7 @@ export class GroupMember {
       }
       const me = seen.members.find((m) => m.memberId === this.#memberId);
       if (!me || me.pid !== seen.backendPid) {
-        const moved = movedSessionError(
-          this.#owner.target,
-          seen.backendPid,
-          this.#facts?.backendPid ?? 0,
-          "the member's read of pg_locks",
-        );
-        if (moved) throw moved;
+        this.#checkOwnBackend(seen.backendPid, "the member's read of pg_locks");
         // Only this session's statements take locks on its backend: another member's lock
         // there, with this member's own gone, is another client on the same server connection
         // (a transaction pool the probe did not catch, whose set-up unlocked this member's
@@ -1758,6 +1752,20 @@ export class GroupMember {
       now - this.#starvedSince! >= this.#config.leaseMs;
   }
 
+  /**
+   * Throws the pooler's permanent error when a statement (`what`) was answered by another backend
+   * than the one that set the session up (`answeredPid`; 0, unknown, passes).
+   */
+  #checkOwnBackend(answeredPid: number, what: string): void {
+    const moved = movedSessionError(
+      this.#owner.target,
+      answeredPid,
+      this.#facts?.backendPid ?? 0,
+      what,
+    );
+    if (moved) throw moved;
+  }
+
   /** Records when each member session of `seen` was first seen, and forgets those gone. */
   #noteMembers(seen: Observation, sentAt: number): void {
     const pids = new Set<number>();
@@ -1996,13 +2004,7 @@ export class GroupMember {
       if (got.readOnly) throw readOnlyError(this.#config.target ?? "the server");
       // Granted to another backend (a transaction pool past the probe: the member led shards
       // whose locks another server connection held, and lost them at each tick's read).
-      const moved = movedSessionError(
-        this.#owner.target,
-        got.pid,
-        this.#facts?.backendPid ?? 0,
-        "the member's try-lock of its shards",
-      );
-      if (moved) throw moved;
+      this.#checkOwnBackend(got.pid, "the member's try-lock of its shards");
       answeredAt = clock();
       this.#lease.renew(sentAt);
       if (got.token !== undefined) {
