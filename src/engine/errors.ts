@@ -150,6 +150,9 @@ export function sqlState(error: unknown): string | undefined {
  *   with `temp_file_limit = 0` every read fails once the server's lock table outgrows `work_mem`
  *   (a role with `work_mem = '64kB'` failed with a 1,000-shard group on the server). Retrying
  *   helps only when the lock table shrinks.
+ * - 53200 "out of shared memory": the server's lock table is full. Every advisory lock held takes
+ *   an entry, and so do a session's set-up and catalog reads: a group's members that filled the
+ *   table made a watcher's set-up fail so.
  *
  * @param error The failure.
  * @returns `""`, or the hint starting with `"; "`.
@@ -160,8 +163,17 @@ export function serverHint(error: unknown): string {
   if (code === "53400" && text.includes("temp_file_limit")) {
     return "; pgleaderlock reads pg_locks, which the server keeps in work_mem and spills to a temporary file past it: raise the role's work_mem above the size of the server's lock table, or its temp_file_limit";
   }
+  if (code === OUT_OF_SHARED_MEMORY_SQLSTATE) {
+    return "; the server's lock table is full (every advisory lock held takes an entry of it): raise max_locks_per_transaction, or lead fewer locks on this server";
+  }
   return "";
 }
+
+/**
+ * "out of shared memory" (SQLSTATE 53200): for this library, the server's lock table is full.
+ * Its size is `max_locks_per_transaction` x (`max_connections` + `max_prepared_transactions`).
+ */
+export const OUT_OF_SHARED_MEMORY_SQLSTATE = "53200";
 
 /**
  * A server or driver error as the library's messages quote it: its message, its SQLSTATE when it

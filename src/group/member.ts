@@ -73,6 +73,7 @@
 import {
   ConnectionError,
   LockError,
+  OUT_OF_SHARED_MEMORY_SQLSTATE,
   PgLeaderLockError,
   serverErrorText,
 } from "../engine/errors.ts";
@@ -258,8 +259,6 @@ const POLL_MIN_GAP_MS = 10;
 const POLL_ALL_UP_TO = 8;
 /** While the lock table is full, more shards are tried every this many ticks. */
 const FULL_RETRY_TICKS = 5;
-/** "out of shared memory": the server's lock table is full. */
-const OUT_OF_SHARED_MEMORY = "53200";
 
 /** Consecutive ticks that saw something, and when the first of them did. */
 interface Streak {
@@ -638,7 +637,7 @@ export class GroupMember {
           this.#observer.error(
             new PgLeaderLockError(
               `The watcher session failed (${
-                sqlState(error) === OUT_OF_SHARED_MEMORY
+                sqlState(error) === OUT_OF_SHARED_MEMORY_SQLSTATE
                   ? "the server's lock table is full"
                   : error instanceof Error
                   ? error.message
@@ -1987,7 +1986,7 @@ export class GroupMember {
       try {
         got = await answer;
       } catch (error) {
-        if (sqlState(error) !== OUT_OF_SHARED_MEMORY) throw error;
+        if (sqlState(error) !== OUT_OF_SHARED_MEMORY_SQLSTATE) throw error;
         await this.#query((s) => release(s, key1, chunk));
         if (chunk.length > MIN_ACQUIRE_CHUNK) {
           const half = Math.ceil(chunk.length / 2);

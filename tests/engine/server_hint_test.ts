@@ -8,7 +8,7 @@ function serverError(code: string, message: string): Error {
   return Object.assign(new Error(message), { code });
 }
 
-Deno.test("a temp_file_limit failure says which role settings to raise, and other errors get no hint", () => {
+Deno.test("a temp_file_limit or lock-table-full failure says which settings to raise, and other errors get no hint", () => {
   const spilled = serverError("53400", "temporary file size exceeds temp_file_limit (0kB)");
   assert(serverHint(spilled).includes("work_mem"), serverHint(spilled));
   assert(serverHint(spilled).includes("temp_file_limit"), serverHint(spilled));
@@ -18,6 +18,11 @@ Deno.test("a temp_file_limit failure says which role settings to raise, and othe
   // 53400 covers other limits too: only the temp file one gets this hint.
   assertEquals(serverHint(serverError("53400", "too many connections for role")), "");
   assertEquals(serverHint(serverError("57P01", "terminating connection")), "");
+  // A lock table full names max_locks_per_transaction, in a set-up failure too.
+  const full = serverError("53200", "out of shared memory");
+  assert(serverHint(full).includes("max_locks_per_transaction"), serverHint(full));
+  const setUp = connectionFailure(full, "127.0.0.1:5000/postgres");
+  assert(setUp.message.includes("lock table is full"), setUp.message);
   assertEquals(serverHint("not an error"), "");
 });
 
