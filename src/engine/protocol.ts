@@ -468,14 +468,31 @@ export function releaseMarker(key1: number, key2: number): string {
  * A fenced transaction's first round trip: BEGIN, then {@linkcode FENCE_OPEN} with the keys
  * inlined, in one simple-query message.
  *
+ * With `alsoHold`, the hold also takes that single-key lock at transaction level once the lock's
+ * own is taken, and `held` is false when it cannot (another session holds it). A LeaderGroup's
+ * shard term holds its member lock so: a `pg_advisory_unlock_all()` of the transaction's code
+ * then frees the member lock only at COMMIT, so the member watching this one is woken no sooner
+ * than the COMMIT's ownership check answers "not held" here (before, it was woken a round trip
+ * earlier, at the statement, and took the shards while this member still led them).
+ *
  * @param key1 First key (an int32).
  * @param key2 Second key (an int32).
+ * @param alsoHold A single-key lock (an int8, in decimal) to hold with it.
  * @returns The message.
  */
-export function fenceBegin(key1: number, key2: number): Statement {
+export function fenceBegin(key1: number, key2: number, alsoHold?: string): Statement {
+  const open = inlineValues(FENCE_OPEN.text, [key1, key2]);
+  if (alsoHold === undefined) return { name: "fence_begin", text: `BEGIN;\n${open}`, simple: true };
+  if (!/^-?\d{1,19}$/.test(alsoHold)) {
+    throw new RangeError(`Cannot hold lock ${alsoHold} as it must be an int8 in decimal`);
+  }
+  // Taken only once the lock's own hold is: a CASE evaluates its branches in order.
+  const held = "pg_catalog.pg_try_advisory_xact_lock($1::pg_catalog.int4, $2::pg_catalog.int4)";
+  const both =
+    `CASE WHEN ${held} THEN pg_catalog.pg_try_advisory_xact_lock('${alsoHold}'::pg_catalog.int8) ELSE false END`;
   return {
-    name: "fence_begin",
-    text: `BEGIN;\n${inlineValues(FENCE_OPEN.text, [key1, key2])}`,
+    name: "fence_begin_also",
+    text: `BEGIN;\n${inlineValues(FENCE_OPEN.text.replace(held, () => both), [key1, key2])}`,
     simple: true,
   };
 }
@@ -727,11 +744,12 @@ export class LockStatements {
    * Begins a fenced transaction and opens its hold ({@linkcode fenceBegin}): one round trip.
    *
    * @param runner The session, outside a transaction.
+   * @param alsoHold A single-key lock to hold with it ({@linkcode fenceBegin}).
    * @returns `true` when this session holds the lock (and now also holds it until the transaction
    * ends).
    */
-  async fenceBegin(runner: StatementRunner): Promise<boolean> {
-    const [row] = await runner.query(fenceBegin(...this.#keys), []);
+  async fenceBegin(runner: StatementRunner, alsoHold?: string): Promise<boolean> {
+    const [row] = await runner.query(fenceBegin(...this.#keys, alsoHold), []);
     return row?.held === true;
   }
 

@@ -103,6 +103,7 @@ import {
   join,
   leave,
   listenStatement,
+  memberKey,
   type MemberRow,
   type MemberSession,
   type Observation,
@@ -2168,6 +2169,7 @@ export class GroupMember {
       role: facts.role,
       sessionAuthorization: facts.sessionAuthorization,
       fenced: this.#fencedFor(key2, token, signal, term.session),
+      memberKey: memberKey(this.#config.key1, this.#memberId),
       // The transaction's code gave the shard's lock up (its writes committed under the
       // fence). It may have given up more: pg_advisory_unlock_all() frees every shard and the
       // member lock too, and the member watching this one takes them at once (an adversarial

@@ -65,6 +65,11 @@ export interface ShardFenceContext {
   readonly fenced: FencedRunner;
   /** Ends the shard's term when its session no longer holds the shard's lock. */
   readonly notHeld: () => void;
+  /**
+   * The member lock's key (`memberKey()` of the group protocol): every fenced transaction holds it too, so that
+   * a `pg_advisory_unlock_all()` of the transaction's code frees it only at COMMIT.
+   */
+  readonly memberKey: string;
 }
 
 /** A shard's term: its key2, token and signal, and the engine's fenced statements. */
@@ -93,7 +98,7 @@ export class GroupShardTerm extends LeaderTerm implements ShardTermFence {
     super(fencingToken, false, signal, context.fenced, {
       // BEGIN and the shard's transaction-level hold, in one round trip.
       open: async (session: LockSession) => {
-        const held = await statements.fenceBegin(session);
+        const held = await statements.fenceBegin(session, context.memberKey);
         check(held);
         return held;
       },

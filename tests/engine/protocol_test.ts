@@ -31,6 +31,8 @@ const STATEMENTS: readonly Statement[] = [
   LIST_LOCKS,
   // The two ends of a fenced transaction, as sent: values inlined, one message each.
   fenceBegin(-5, 1),
+  // A LeaderGroup shard's: its member lock held too.
+  fenceBegin(-5, 1, "-21474836479"),
   fenceCommit([-5, 1, "15000ms", '{"application_name":"it\'s \\ \u00e9"}', "none", "app"]),
 ];
 const SNAPSHOT = new URL("./snapshots/protocol.sql", import.meta.url);
@@ -51,6 +53,8 @@ async function rendered(): Promise<string> {
   await bound.acquire(recorder, { wait: true, marked: true });
   await bound.renew(recorder);
   await bound.fenceBegin(recorder);
+  // A LeaderGroup shard's: its member lock held too.
+  await bound.fenceBegin(recorder, "-21474836479");
   await bound.fenceCommit(
     recorder,
     { lock_timeout: "5000ms", idle_session_timeout: "0" },
@@ -140,6 +144,16 @@ Deno.test("values inlined into a simple-query message are int32s and ASCII-only 
     missing = e;
   }
   assert(missing instanceof RangeError, String(missing));
+  // The extra lock of a fenced transaction is an int8 in decimal, inlined as is.
+  for (const bad of ["1; SELECT 1", "", "1e3", "99999999999999999999"]) {
+    let error: unknown;
+    try {
+      fenceBegin(1, 2, bad);
+    } catch (e) {
+      error = e;
+    }
+    assert(error instanceof RangeError, `${bad}: ${error}`);
+  }
 });
 
 Deno.test("the grant's acknowledgement window is at most 2 s and a third of the lease", () => {

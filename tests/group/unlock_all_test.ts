@@ -10,6 +10,8 @@ import { FixedInterval } from "../../src/engine/retry.ts";
 import { LeaderGroup } from "../../src/group/leader_group.ts";
 import { startPostgres } from "../../testing.ts";
 import { until } from "../_helpers.ts";
+import { PgClient } from "../../src/testing/_pg.ts";
+import { memberKey } from "../../src/group/protocol.ts";
 
 Deno.test({
   name:
@@ -68,5 +70,65 @@ Deno.test({
   } finally {
     await a.shutdown();
     await b.shutdown();
+  }
+});
+
+Deno.test({
+  name: "A shard's fenced transaction holds its member lock until COMMIT: " +
+    "pg_advisory_unlock_all() in it frees the member lock only when the transaction ends",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  // The member watching this one wakes when the member lock is freed and takes every shard after
+  // the settle. Freed at the statement, it woke a round trip before this member's COMMIT check
+  // could answer "not held" (a two-leader race the full suite lost once under load); freed at
+  // the COMMIT, the check's answer comes with it.
+  await using pg = await startPostgres();
+  const key1 = 4344;
+  const a = new LeaderGroup({
+    dsn: pg.dsn,
+    key1,
+    shards: 2,
+    retryStrategy: new FixedInterval({ intervalMs: 50 }),
+  });
+  const observer = new PgClient({ connectionString: pg.dsn });
+  observer.on("error", () => {});
+  await observer.connect();
+  // Whether a's session holds its member lock, as another session sees pg_locks.
+  const memberHeld = async () => {
+    const key = BigInt(memberKey(key1, a.memberId!));
+    const { rows } = await observer.query(
+      `SELECT count(*)::int AS n FROM pg_catalog.pg_locks
+        WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND pid = $1
+          AND classid = $2::bigint::oid AND objid = $3::bigint::oid`,
+      [a.backendPid, String((key >> 32n) & 0xffffffffn), String(key & 0xffffffffn)],
+    );
+    return rows[0]?.n === 1;
+  };
+  try {
+    await a.start();
+    await until(() => a.leading.size === 2, 10_000, "a leading both shards");
+    assert(await memberHeld(), "a's member lock before the transaction");
+    const seen: boolean[] = [];
+    const ended = new Promise<void>((resolve) => {
+      a.addEventListener("lost", () => resolve(), { once: true });
+    });
+    const work = a.lead(async (term) => {
+      if (term.key2 !== 0) return;
+      await term.transaction(async (tx) => {
+        await tx.query("SELECT pg_catalog.pg_advisory_unlock_all()");
+        seen.push(await memberHeld());
+      }).catch(() => {});
+    });
+    await ended;
+    assertEquals(seen, [true], "the member lock inside the transaction, after the unlock");
+    // After the COMMIT the check found the shard not held: every term ended, and the member
+    // goes on (its next tick finds its locks gone and opens a new session).
+    assertEquals(a.leading.size, 0);
+    await a.shutdown();
+    await work;
+  } finally {
+    await a.shutdown();
+    await observer.end().catch(() => {});
   }
 });

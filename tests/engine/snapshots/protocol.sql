@@ -214,6 +214,19 @@ SELECT CASE WHEN EXISTS (
          THEN pg_catalog.pg_try_advisory_xact_lock('5001'::pg_catalog.int4, '1'::pg_catalog.int4)
          ELSE false END AS held;
 
+-- fence_begin_also []
+BEGIN;
+SELECT CASE WHEN EXISTS (
+           SELECT 1 FROM pg_catalog.pg_locks l
+            WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+              AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
+                                 WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
+              AND l.classid OPERATOR(pg_catalog.=) '5001'::pg_catalog.int4::pg_catalog.oid
+              AND l.objid OPERATOR(pg_catalog.=) '1'::pg_catalog.int4::pg_catalog.oid
+              AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+         THEN CASE WHEN pg_catalog.pg_try_advisory_xact_lock('5001'::pg_catalog.int4, '1'::pg_catalog.int4) THEN pg_catalog.pg_try_advisory_xact_lock('-21474836479'::pg_catalog.int8) ELSE false END
+         ELSE false END AS held;
+
 -- fence_commit []
 COMMIT;
 BEGIN;
