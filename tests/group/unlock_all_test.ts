@@ -30,6 +30,11 @@ Deno.test({
       identity,
       healthIntervalMs: 1000,
       leaseMs: 3000,
+      // The member lock is freed at a's COMMIT, whose check answers with it; b's watcher wakes
+      // then and b announces after a try-lock and the settle. 50 ms (not the default 10) keeps a
+      // loaded machine's scheduling out of the race: without the end of every term at "not
+      // held", b led a's other shards for 170-220 ms, until a's next tick.
+      settleMs: 50,
       retryStrategy: new FixedInterval({ intervalMs: 50 }),
     });
   const a = group("a");
