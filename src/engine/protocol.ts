@@ -357,6 +357,9 @@ export const RENEW: Statement = {
        pg_catalog.pg_backend_pid() AS pid`,
 };
 
+/** {@linkcode FENCE_OPEN}'s hold: the lock again, at transaction level. */
+const FENCE_HOLD = "pg_catalog.pg_try_advisory_xact_lock($1::pg_catalog.int4, $2::pg_catalog.int4)";
+
 /**
  * The first statement of a fenced transaction (after BEGIN): when this session holds the lock,
  * takes the same lock again at transaction level. A session that already holds an advisory lock
@@ -367,9 +370,16 @@ export const RENEW: Statement = {
  * this session holds the lock, or not at all. `held` is false (and nothing is taken) when the
  * session no longer holds the lock.
  */
-export const FENCE_OPEN: Statement = {
-  name: "fence_open",
-  text: `SELECT CASE WHEN EXISTS (
+export const FENCE_OPEN: Statement = { name: "fence_open", text: fenceOpenText() };
+
+/**
+ * {@linkcode FENCE_OPEN}'s text, with `hold` as what it runs once it found the lock held.
+ *
+ * @param hold An expression that takes the holds and answers whether it got them.
+ * @returns The statement's text.
+ */
+function fenceOpenText(hold = FENCE_HOLD): string {
+  return `SELECT CASE WHEN EXISTS (
            SELECT 1 FROM pg_catalog.pg_locks l
             WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
               AND l.database OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d
@@ -377,9 +387,9 @@ export const FENCE_OPEN: Statement = {
               AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
               AND l.objid OPERATOR(pg_catalog.=) $2::pg_catalog.int4::pg_catalog.oid
               AND l.objsubid OPERATOR(pg_catalog.=) 2 AND l.granted AND l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
-         THEN pg_catalog.pg_try_advisory_xact_lock($1::pg_catalog.int4, $2::pg_catalog.int4)
-         ELSE false END AS held`,
-};
+         THEN ${hold}
+         ELSE false END AS held`;
+}
 
 /**
  * The statement after a fenced transaction's COMMIT: whether this session still holds the lock
@@ -487,12 +497,11 @@ export function fenceBegin(key1: number, key2: number, alsoHold?: string): State
     throw new RangeError(`Cannot hold lock ${alsoHold} as it must be an int8 in decimal`);
   }
   // Taken only once the lock's own hold is: a CASE evaluates its branches in order.
-  const held = "pg_catalog.pg_try_advisory_xact_lock($1::pg_catalog.int4, $2::pg_catalog.int4)";
   const both =
-    `CASE WHEN ${held} THEN pg_catalog.pg_try_advisory_xact_lock('${alsoHold}'::pg_catalog.int8) ELSE false END`;
+    `CASE WHEN ${FENCE_HOLD} THEN pg_catalog.pg_try_advisory_xact_lock('${alsoHold}'::pg_catalog.int8) ELSE false END`;
   return {
     name: "fence_begin_also",
-    text: `BEGIN;\n${inlineValues(FENCE_OPEN.text.replace(held, () => both), [key1, key2])}`,
+    text: `BEGIN;\n${inlineValues(fenceOpenText(both), [key1, key2])}`,
     simple: true,
   };
 }

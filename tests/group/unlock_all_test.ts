@@ -10,8 +10,7 @@ import { FixedInterval } from "../../src/engine/retry.ts";
 import { LeaderGroup } from "../../src/group/leader_group.ts";
 import { startPostgres } from "../../testing.ts";
 import { until } from "../_helpers.ts";
-import { PgClient } from "../../src/testing/_pg.ts";
-import { memberKey } from "../../src/group/protocol.ts";
+import { observerSession, viewGroup } from "./_harness.ts";
 
 Deno.test({
   name:
@@ -96,20 +95,10 @@ Deno.test({
     shards: 2,
     retryStrategy: new FixedInterval({ intervalMs: 50 }),
   });
-  const observer = new PgClient({ connectionString: pg.dsn });
-  observer.on("error", () => {});
-  await observer.connect();
-  // Whether a's session holds its member lock, as another session sees pg_locks.
-  const memberHeld = async () => {
-    const key = BigInt(memberKey(key1, a.memberId!));
-    const { rows } = await observer.query(
-      `SELECT count(*)::int AS n FROM pg_catalog.pg_locks
-        WHERE locktype = 'advisory' AND objsubid = 1 AND granted AND pid = $1
-          AND classid = $2::bigint::oid AND objid = $3::bigint::oid`,
-      [a.backendPid, String((key >> 32n) & 0xffffffffn), String(key & 0xffffffffn)],
-    );
-    return rows[0]?.n === 1;
-  };
+  await using observer = await observerSession(pg);
+  // Whether a's session holds a member lock of the group, as another session sees pg_locks.
+  const memberHeld = async () =>
+    (await viewGroup(observer, key1, 2)).members.includes(a.backendPid);
   try {
     await a.start();
     await until(() => a.leading.size === 2, 10_000, "a leading both shards");
@@ -134,6 +123,5 @@ Deno.test({
     await work;
   } finally {
     await a.shutdown();
-    await observer.end().catch(() => {});
   }
 });
