@@ -199,6 +199,14 @@ Deno.test({
     await Promise.all(groups.map((g) => g.start()));
     const led = () => groups.reduce((sum, g) => sum + g.leading.size, 0);
     await until(() => errors.some((e) => e.length > 0), 10_000, "a member to report");
+    // A member that started after the others filled the table cannot set up its session (its
+    // member lock needs an entry too): it reports that and joins at its next try, when a member
+    // has released the shards beyond its share.
+    await until(
+      () => groups.every((g) => g.backendPid !== 0 && g.leading.size > 0),
+      20_000,
+      "every member to join and lead",
+    );
     const backends = groups.map((g) => g.backendPid);
     // Three seconds: fifteen health intervals.
     await new Promise((resolve) => setTimeout(resolve, 3000));
@@ -209,9 +217,13 @@ Deno.test({
       assert.ok(g.leading.size > 0, `member ${i} leads nothing`);
       assert.equal(g.backendPid, backends[i], `member ${i} reconnected`);
       assert.equal(lost[i], 0, `member ${i} lost shards`);
-      // One report of the member's own session, at most one of its watcher session.
-      assert.ok(errors[i]!.length <= 2, `member ${i}: ${errors[i]!.map((e) => e.message)}`);
-      for (const error of errors[i]!) assert.match(error.message, /lock table is full/);
+      // At most one report of the member's own session and one of its watcher session (besides
+      // the failed set-ups of a member that came last), each saying why.
+      const messages = errors[i]!.map((e) => e.message);
+      const count = (prefix: string) => messages.filter((m) => m.startsWith(prefix)).length;
+      assert.ok(count("The server's lock table is full") <= 1, `member ${i}: ${messages}`);
+      assert.ok(count("The watcher session failed") <= 1, `member ${i}: ${messages}`);
+      for (const message of messages) assert.match(message, /lock table is full/);
     }
     // Each member's own view (a query of another session would need a lock-table entry of its
     // own, and the members have just filled the table: it can fail with "out of shared memory").

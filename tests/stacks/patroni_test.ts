@@ -68,15 +68,31 @@ async function locksOn(
   node: PatroniNode,
   keys: { key1: number; key2: number },
 ): Promise<{ holders: number[]; waiting: number }> {
-  // A node that does not accept connections (restarting as a replica) has no sessions at all.
-  const rows = await node.query(
-    `SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory'
-       AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2`,
-    [keys.key1, keys.key2],
-  ).catch((error) => {
-    if (/ENOENT|ECONNREFUSED|starting up|shutting down/.test(String(error))) return [];
-    throw error;
-  });
+  // A node that does not accept connections (restarting as a replica) has no sessions at all. A
+  // node that Patroni restarts again just after it came back (after a pg_rewind) ends the read's
+  // session ("terminating connection due to administrator command"): read again, on a new one.
+  const read = () =>
+    node.query(
+      `SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory'
+         AND classid = $1::int4::oid AND objid = $2::int4::oid AND objsubid = 2`,
+      [keys.key1, keys.key2],
+    );
+  const deadline = performance.now() + 30_000;
+  let rows: Record<string, unknown>[];
+  for (;;) {
+    try {
+      rows = await read();
+      break;
+    } catch (error) {
+      if (/ENOENT|ECONNREFUSED|starting up|shutting down/.test(String(error))) {
+        rows = [];
+        break;
+      }
+      if (!/terminating connection|Connection terminated/.test(String(error))) throw error;
+      if (performance.now() > deadline) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+  }
   return {
     holders: rows.filter((r) => r.granted === true).map((r) => Number(r.pid)),
     waiting: rows.filter((r) => r.granted !== true).length,
