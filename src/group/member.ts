@@ -108,6 +108,7 @@ import {
   type MemberSession,
   type Observation,
   observe,
+  observeMembers,
   parseBell,
   release,
   releaseAndLeave,
@@ -386,6 +387,11 @@ export class GroupMember {
    * {@linkcode #acquire}), since the next tick gives this member a smaller share.
    */
   #joinHeard = false;
+  /**
+   * Whether a `joined` bell of a member the last tick did not count woke this tick: it reads the
+   * members only ({@linkcode #observeMembers}).
+   */
+  #joinBell = false;
   /**
    * key2 -> when a long-free shard was adopted (the member's clock): its hold of
    * {@linkcode ADOPTED_HOLD_TICKS} ticks also spans that many health intervals less one, as the
@@ -853,7 +859,10 @@ export class GroupMember {
       if (members && bell.memberId !== undefined && bell.memberId !== this.#memberId) {
         const ringMembers = this.#ringMembers ?? members;
         const watched = nextInRing(ringMembers, this.#memberId);
-        if (bell.kind === "joined" && !members.includes(bell.memberId)) this.#joinHeard = true;
+        if (bell.kind === "joined" && !members.includes(bell.memberId)) {
+          this.#joinHeard = true;
+          this.#joinBell = true;
+        }
         const ring = bell.kind === "joined"
           ? [...new Set([...ringMembers, bell.memberId])].sort((a, b) => a - b)
           : ringMembers.filter((m) => m !== bell.memberId);
@@ -1029,6 +1038,19 @@ export class GroupMember {
   }
 
   /**
+   * Reads the members only ({@linkcode observeMembers}), with `last`'s holders of the shards and
+   * this session's holdings as the member knows them.
+   */
+  #observeMembers(last: Observation): Promise<Observation> {
+    const mine = [
+      ...new Set([...this.#terms.keys(), ...this.#draining.keys(), ...this.#outwaiting.keys()]),
+    ];
+    return this.#query((s) =>
+      observeMembers(s, this.#config.key1, this.#facts!.databaseOid, last, mine)
+    );
+  }
+
+  /**
    * Runs one statement, bounded by the lease while shards are held (by the lease length
    * otherwise). Never used for a statement that waits for a lock.
    */
@@ -1119,7 +1141,13 @@ export class GroupMember {
       const sentAt = clock();
       this.#tickStartedAt = sentAt;
       this.#joinHeard = false;
-      const seen = await this.#observe();
+      // At a join, the members only: the shards' holders are the last read's (see
+      // OBSERVE_MEMBERS). Not when a member went meanwhile, nor without a full read before.
+      const membersOnly = woken && this.#joinBell && !takeover && this.#lastSeen !== undefined;
+      this.#joinBell = false;
+      const seen = membersOnly
+        ? await this.#observeMembers(this.#lastSeen!)
+        : await this.#observe();
       this.#renew(sentAt);
       this.#tick++;
       if (!woken && !takeover && this.#isQuiet(seen)) {
@@ -1183,7 +1211,7 @@ export class GroupMember {
       // Only members of this session's role count as senders (LeaderLock's release marker counts
       // so too): another role can end a member's backend only as a superuser or with
       // pg_signal_backend, and its forged member lock hands nothing over.
-      if (this.#config.takeover !== "safe") {
+      if (this.#config.takeover !== "safe" && !membersOnly) {
         this.#notices.view(seen.holderOf, clock(), seen.sameRolePids);
       }
       const holders: number[] = [];
