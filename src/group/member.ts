@@ -393,6 +393,12 @@ export class GroupMember {
    */
   #joinBell = false;
   /**
+   * Whether {@linkcode #lookBeforeJoin} read the group on this session just before its join: the
+   * first tick after it reads the members only too (the shards moved no more since than at
+   * another's join), and goes on to poll for its share while the old members hand it over.
+   */
+  #looked = false;
+  /**
    * key2 -> when a long-free shard was adopted (the member's clock): its hold of
    * {@linkcode ADOPTED_HOLD_TICKS} ticks also spans that many health intervals less one, as the
    * rules of "A ticks" do, since ticks come sooner while early-back shards are led.
@@ -959,6 +965,8 @@ export class GroupMember {
 
   #closeNow(): void {
     this.#joined = false;
+    this.#looked = false;
+    this.#joinBell = false;
     this.#unannounced = [];
     this.#outwaiting.clear();
     void this.#owner.close(false);
@@ -1141,10 +1149,13 @@ export class GroupMember {
       const sentAt = clock();
       this.#tickStartedAt = sentAt;
       this.#joinHeard = false;
-      // At a join, the members only: the shards' holders are the last read's (see
-      // OBSERVE_MEMBERS). Not when a member went meanwhile, nor without a full read before.
-      const membersOnly = woken && this.#joinBell && !takeover && this.#lastSeen !== undefined;
+      // At a join, this member's or another's, the members only: the shards' holders are the
+      // last read's (see OBSERVE_MEMBERS). Not when a member went meanwhile, nor without a full
+      // read before.
+      const membersOnly = ((woken && this.#joinBell) || this.#looked) && !takeover &&
+        this.#lastSeen !== undefined;
       this.#joinBell = false;
+      this.#looked = false;
       const seen = membersOnly
         ? await this.#observeMembers(this.#lastSeen!)
         : await this.#observe();
@@ -1742,6 +1753,7 @@ export class GroupMember {
    * the others' ticks. Changes nothing else: a failure is left to the ticks.
    */
   async #lookBeforeJoin(): Promise<void> {
+    this.#looked = false;
     let seen: Observation;
     try {
       seen = await this.#observe();
@@ -1754,6 +1766,7 @@ export class GroupMember {
     );
     const holderOf = this.#holdersById(seen);
     this.#kept = { base, holderOf, assignment: keepHolding(base, holderOf) };
+    this.#looked = true;
   }
 
   /** The last {@linkcode keepHolding} result and its inputs (see #assignLive). */
