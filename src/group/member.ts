@@ -3,7 +3,10 @@
  *
  * Every health interval the member runs one tick:
  * 1. OBSERVE (one read of pg_locks): proves every held shard still held, reads the live members
- *    and which shards others hold. Success renews the lease of every held shard at once.
+ *    and which shards others hold. Success renews the lease of every held shard at once. The
+ *    tick at another member's `joined` bell, and a joiner's first tick, read the members only
+ *    (OBSERVE_MEMBERS) and take the shards' holders from the last full read: a join moves no
+ *    shard until the old members hand theirs over.
  * 2. Computes the balanced assignment for the members that lead (balance.ts: from the member set,
  *    then kept where the shards are, so that a join or an end moves only what it must). Coverage comes
  *    before balance: a member id whose session holds no shard of the group at `adoptAfterTicks`
