@@ -3,10 +3,7 @@
  *
  * Every health interval the member runs one tick:
  * 1. OBSERVE (one read of pg_locks): proves every held shard still held, reads the live members
- *    and which shards others hold. Success renews the lease of every held shard at once. The
- *    tick at another member's `joined` bell, and a joiner's first tick, read the members only
- *    (OBSERVE_MEMBERS) and take the shards' holders from the last full read: a join moves no
- *    shard until the old members hand theirs over.
+ *    and which shards others hold. Success renews the lease of every held shard at once.
  * 2. Computes the balanced assignment for the members that lead (balance.ts: from the member set,
  *    then kept where the shards are, so that a join or an end moves only what it must). Coverage comes
  *    before balance: a member id whose session holds no shard of the group at `adoptAfterTicks`
@@ -111,7 +108,6 @@ import {
   type MemberSession,
   type Observation,
   observe,
-  observeMembers,
   parseBell,
   release,
   releaseAndLeave,
@@ -390,17 +386,6 @@ export class GroupMember {
    * {@linkcode #acquire}), since the next tick gives this member a smaller share.
    */
   #joinHeard = false;
-  /**
-   * Whether a `joined` bell of a member the last tick did not count woke this tick: it reads the
-   * members only ({@linkcode #observeMembers}).
-   */
-  #joinBell = false;
-  /**
-   * Whether {@linkcode #lookBeforeJoin} read the group on this session just before its join: the
-   * first tick after it reads the members only too (the shards moved no more since than at
-   * another's join), and goes on to poll for its share while the old members hand it over.
-   */
-  #looked = false;
   /**
    * key2 -> when a long-free shard was adopted (the member's clock): its hold of
    * {@linkcode ADOPTED_HOLD_TICKS} ticks also spans that many health intervals less one, as the
@@ -868,10 +853,7 @@ export class GroupMember {
       if (members && bell.memberId !== undefined && bell.memberId !== this.#memberId) {
         const ringMembers = this.#ringMembers ?? members;
         const watched = nextInRing(ringMembers, this.#memberId);
-        if (bell.kind === "joined" && !members.includes(bell.memberId)) {
-          this.#joinHeard = true;
-          this.#joinBell = true;
-        }
+        if (bell.kind === "joined" && !members.includes(bell.memberId)) this.#joinHeard = true;
         const ring = bell.kind === "joined"
           ? [...new Set([...ringMembers, bell.memberId])].sort((a, b) => a - b)
           : ringMembers.filter((m) => m !== bell.memberId);
@@ -968,8 +950,6 @@ export class GroupMember {
 
   #closeNow(): void {
     this.#joined = false;
-    this.#looked = false;
-    this.#joinBell = false;
     this.#unannounced = [];
     this.#outwaiting.clear();
     void this.#owner.close(false);
@@ -1046,19 +1026,6 @@ export class GroupMember {
     );
     this.#lastSeen = seen;
     return seen;
-  }
-
-  /**
-   * Reads the members only ({@linkcode observeMembers}), with `last`'s holders of the shards and
-   * this session's holdings as the member knows them.
-   */
-  #observeMembers(last: Observation): Promise<Observation> {
-    const mine = [
-      ...new Set([...this.#terms.keys(), ...this.#draining.keys(), ...this.#outwaiting.keys()]),
-    ];
-    return this.#query((s) =>
-      observeMembers(s, this.#config.key1, this.#facts!.databaseOid, last, mine)
-    );
   }
 
   /**
@@ -1152,16 +1119,7 @@ export class GroupMember {
       const sentAt = clock();
       this.#tickStartedAt = sentAt;
       this.#joinHeard = false;
-      // At a join, this member's or another's, the members only: the shards' holders are the
-      // last read's (see OBSERVE_MEMBERS). Not when a member went meanwhile, nor without a full
-      // read before.
-      const membersOnly = ((woken && this.#joinBell) || this.#looked) && !takeover &&
-        this.#lastSeen !== undefined;
-      this.#joinBell = false;
-      this.#looked = false;
-      const seen = membersOnly
-        ? await this.#observeMembers(this.#lastSeen!)
-        : await this.#observe();
+      const seen = await this.#observe();
       this.#renew(sentAt);
       this.#tick++;
       if (!woken && !takeover && this.#isQuiet(seen)) {
@@ -1225,7 +1183,7 @@ export class GroupMember {
       // Only members of this session's role count as senders (LeaderLock's release marker counts
       // so too): another role can end a member's backend only as a superuser or with
       // pg_signal_backend, and its forged member lock hands nothing over.
-      if (this.#config.takeover !== "safe" && !membersOnly) {
+      if (this.#config.takeover !== "safe") {
         this.#notices.view(seen.holderOf, clock(), seen.sameRolePids);
       }
       const holders: number[] = [];
@@ -1756,7 +1714,6 @@ export class GroupMember {
    * the others' ticks. Changes nothing else: a failure is left to the ticks.
    */
   async #lookBeforeJoin(): Promise<void> {
-    this.#looked = false;
     let seen: Observation;
     try {
       seen = await this.#observe();
@@ -1769,7 +1726,6 @@ export class GroupMember {
     );
     const holderOf = this.#holdersById(seen);
     this.#kept = { base, holderOf, assignment: keepHolding(base, holderOf) };
-    this.#looked = true;
   }
 
   /** The last {@linkcode keepHolding} result and its inputs (see #assignLive). */

@@ -59,32 +59,6 @@ SELECT r.read_only,
             OR EXISTS (SELECT 1 FROM pg_catalog.pg_locks AS l WHERE false)
             AS read_only) AS r`;
 
-/** The granted advisory locks of group key1 = `$1` in the database of oid `$2`. */
-const GROUP_LOCKS = `l.locktype OPERATOR(pg_catalog.=) 'advisory'
-   AND l.database OPERATOR(pg_catalog.=) $2::pg_catalog.oid
-   AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
-   AND l.granted`;
-
-/** The live members (`members`) and those of this session's role (`same_role`): see OBSERVE. */
-const MEMBER_COLUMNS = `       pg_catalog.array_to_string(pg_catalog.array_agg(
-           l.objid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
-             OPERATOR(pg_catalog.||) l.pid::pg_catalog.text
-           ORDER BY l.objid) FILTER (
-         WHERE l.objsubid OPERATOR(pg_catalog.=) 1
-           AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'), ',') AS members,
-       pg_catalog.array_to_string(pg_catalog.array_agg(l.pid) FILTER (
-         WHERE l.objsubid OPERATOR(pg_catalog.=) 1
-           AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
-           AND l.pid IN (
-             SELECT pg_catalog.pg_stat_get_backend_pid(b.id)
-               FROM pg_catalog.pg_stat_get_backend_idset() AS b(id)
-              WHERE pg_catalog.pg_stat_get_backend_userid(b.id) OPERATOR(pg_catalog.=) (
-                SELECT pg_catalog.pg_stat_get_backend_userid(s.id)
-                  FROM pg_catalog.pg_stat_get_backend_idset() AS s(id)
-                 WHERE pg_catalog.pg_stat_get_backend_pid(s.id)
-                       OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()))), ',')
-         AS same_role`;
-
 /**
  * The tick: in one read of pg_locks, the ownership proof of every shard this session holds
  * (`mine`), the two-int4 locks of key1 other sessions hold (`others`) with their holders' pids
@@ -108,23 +82,29 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
        pg_catalog.array_to_string(pg_catalog.array_agg(l.pid) FILTER (
          WHERE l.objsubid OPERATOR(pg_catalog.=) 2
            AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()), ',') AS other_pids,
-${MEMBER_COLUMNS}
+       pg_catalog.array_to_string(pg_catalog.array_agg(
+           l.objid::pg_catalog.text OPERATOR(pg_catalog.||) ':'
+             OPERATOR(pg_catalog.||) l.pid::pg_catalog.text
+           ORDER BY l.objid) FILTER (
+         WHERE l.objsubid OPERATOR(pg_catalog.=) 1
+           AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'), ',') AS members,
+       pg_catalog.array_to_string(pg_catalog.array_agg(l.pid) FILTER (
+         WHERE l.objsubid OPERATOR(pg_catalog.=) 1
+           AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
+           AND l.pid IN (
+             SELECT pg_catalog.pg_stat_get_backend_pid(b.id)
+               FROM pg_catalog.pg_stat_get_backend_idset() AS b(id)
+              WHERE pg_catalog.pg_stat_get_backend_userid(b.id) OPERATOR(pg_catalog.=) (
+                SELECT pg_catalog.pg_stat_get_backend_userid(s.id)
+                  FROM pg_catalog.pg_stat_get_backend_idset() AS s(id)
+                 WHERE pg_catalog.pg_stat_get_backend_pid(s.id)
+                       OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()))), ',')
+         AS same_role
   FROM pg_catalog.pg_locks AS l
- WHERE ${GROUP_LOCKS}`;
-
-/**
- * A tick at another member's `joined` bell: {@linkcode OBSERVE}'s backend pid and members only
- * (the member lock's rows: objsubid 1). A join moves no shard until the old members hand theirs
- * over, so each takes the shards' holders from its last full read; sending and parsing the
- * 10,000 rows of every shard again, in eleven processes at once on two cores, is what made the
- * join at 10,000 x 10 take over a second (bench/results/group-failover/STAGES.md, stop 34).
- */
-export const OBSERVE_MEMBERS = `
-SELECT pg_catalog.pg_backend_pid() AS backend_pid,
-${MEMBER_COLUMNS}
-  FROM pg_catalog.pg_locks AS l
- WHERE ${GROUP_LOCKS}
-   AND l.objsubid OPERATOR(pg_catalog.=) 1`;
+ WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
+   AND l.database OPERATOR(pg_catalog.=) $2::pg_catalog.oid
+   AND l.classid OPERATOR(pg_catalog.=) $1::pg_catalog.int4::pg_catalog.oid
+   AND l.granted`;
 
 /**
  * Try-locks the shards (key1 = `$1`, key2 in `$2`) without waiting. The caller passes only
@@ -510,13 +490,6 @@ export async function observe(
   const holders = new Set(heldBy.keys());
   const backendPid = Number(row?.backend_pid);
   if (mine.length > 0) holders.add(backendPid);
-  const { members, sameRolePids } = parseMembers(row);
-  return { backendPid, mine, others, members, holderOf, heldBy, holders, sameRolePids, raw };
-}
-
-function parseMembers(
-  row: Record<string, unknown> | undefined,
-): { members: MemberRow[]; sameRolePids: Set<number> } {
   const members: MemberRow[] = [];
   if (typeof row?.members === "string" && row.members !== "") {
     for (const pair of row.members.split(",")) {
@@ -529,43 +502,7 @@ function parseMembers(
       ? row.same_role.split(",").map(Number)
       : [],
   );
-  return { members, sameRolePids };
-}
-
-/**
- * Runs {@linkcode OBSERVE_MEMBERS}: the members as the server shows them now, with the shards'
- * holders of `last` (a full {@linkcode observe}) and the shards this session holds as `mine`
- * (what the member knows it holds: a lock it lost is found by the next full read). Its `raw` is
- * never another observation's, so the tick after it is never quiet.
- *
- * @param session The session.
- * @param key1 The group's key1.
- * @param databaseOid The session's database.
- * @param last The last full observation.
- * @param mine The shards this session holds.
- * @returns The observation.
- */
-export async function observeMembers(
-  session: LockSession,
-  key1: number,
-  databaseOid: number,
-  last: Observation,
-  mine: readonly number[],
-): Promise<Observation> {
-  const [row] = await session.query(OBSERVE_MEMBERS, [key1, databaseOid]);
-  const { members, sameRolePids } = parseMembers(row);
-  const backendPid = Number(row?.backend_pid);
-  const holders = new Set(last.heldBy.keys());
-  if (mine.length > 0) holders.add(backendPid);
-  return {
-    ...last,
-    backendPid,
-    mine,
-    members,
-    sameRolePids,
-    holders,
-    raw: `members only: ${row?.members}`,
-  };
+  return { backendPid, mine, others, members, holderOf, heldBy, holders, sameRolePids, raw };
 }
 
 /** What {@linkcode acquire} took. */

@@ -6,7 +6,7 @@
  * @module
  */
 import { assert, assertEquals } from "../_assert.ts";
-import { acquire, join, observe, observeMembers, setUp } from "../../src/group/protocol.ts";
+import { acquire, join, observe, setUp } from "../../src/group/protocol.ts";
 import { type PgClient, PgSession } from "../../src/pg/pg_session.ts";
 import { PgClient as KitClient } from "../../src/testing/_pg.ts";
 import { startPostgres } from "../../testing.ts";
@@ -51,42 +51,5 @@ Deno.test("An unchanged read of the group returns the last observation itself, a
   } finally {
     await member.end(1000);
     await other.end();
-  }
-});
-
-Deno.test("A read of the members only, at a join, gives the members as they are now with the last read's holders and the holdings the member states", async () => {
-  await using pg = await startPostgres();
-  const key1 = 7512;
-  const shards = new Set(Array.from({ length: 100 }, (_, k) => k));
-  const member = new PgSession((await clientOn(pg.dsn)) as unknown as PgClient);
-  const other = await clientOn(pg.dsn);
-  const joiner = await clientOn(pg.dsn);
-  try {
-    const { databaseOid } = await setUp(member, {});
-    assertEquals(await join(member, key1, 11), "joined");
-    assertEquals((await acquire(member, key1, [0, 1, 2])).shards, [0, 1, 2]);
-    assertEquals(await join(new PgSession(other as unknown as PgClient), key1, 12), "joined");
-    await other.query(`SELECT pg_advisory_lock($1, 50)`, [key1]);
-    const last = await observe(member, key1, databaseOid, shards);
-    // A member joins; another's shard moves, which only a full read shows.
-    assertEquals(await join(new PgSession(joiner as unknown as PgClient), key1, 13), "joined");
-    await other.query(`SELECT pg_advisory_unlock($1, 50)`, [key1]);
-    const seen = await observeMembers(member, key1, databaseOid, last, [0, 1, 2]);
-    assertEquals(seen.members.map((m) => m.memberId).sort((a, b) => a - b), [11, 12, 13]);
-    const pid = Number((await joiner.query("SELECT pg_backend_pid() AS pid")).rows[0]?.pid);
-    assertEquals(seen.members.find((m) => m.memberId === 13)?.pid, pid);
-    assertEquals(seen.backendPid, last.backendPid);
-    assertEquals(seen.sameRolePids.size, 3);
-    assertEquals(seen.others, [50], "the last read's holders");
-    assertEquals(seen.mine, [0, 1, 2]);
-    assert(seen.holders.has(seen.backendPid), "this session holds shards");
-    assert(seen.raw !== last.raw, "never quiet");
-    const full = await observe(member, key1, databaseOid, shards, last);
-    assertEquals(full.others, []);
-    assertEquals(full.members, seen.members);
-  } finally {
-    await member.end(1000);
-    await other.end();
-    await joiner.end();
   }
 });
