@@ -339,6 +339,7 @@ async function verifyPinned(
       target: describeHost(host) + (params.database !== undefined ? `/${params.database}` : ""),
       dialedPort: host.port,
       unixSocket: host.host.startsWith("/"),
+      ...(host.host.startsWith("/") ? { socketDir: host.host } : {}),
       localPort: session.localPort,
       openProbe: () => connectOne(params, host, signal, keepAliveDelayMs, startup),
     });

@@ -62,6 +62,8 @@ export interface SessionEndpoint {
   readonly dialedPort: number;
   /** Whether we connected over a unix socket. */
   readonly unixSocket: boolean;
+  /** The directory of the unix socket we dialed, when we connected over one. */
+  readonly socketDir?: string;
   /** Our socket's local TCP port, when known. */
   readonly localPort: number | undefined;
 }
@@ -128,6 +130,8 @@ const ON_CATALOG = `FROM pg_catalog.pg_database d
 const FIRST_LOOK = `SELECT pg_catalog.current_setting('port')::pg_catalog.int4 AS port,
         pg_catalog.inet_client_port() AS client_port,
         pg_catalog.inet_client_addr() IS NULL AS unix_client,
+        CASE WHEN pg_catalog.pg_has_role('pg_read_all_settings', 'USAGE')
+             THEN pg_catalog.current_setting('unix_socket_directories') END AS socket_dirs,
         pg_catalog.pg_backend_pid() AS pid,
         ${SERVER},
         pg_catalog.set_config('${PIN_SETTING}', $1::pg_catalog.text, false) AS nonce
@@ -149,16 +153,35 @@ const HELD_PID = `SELECT pg_catalog.pg_backend_pid() AS pid
  */
 const STATEMENT_POOLING_ERROR = /\bstatement pooling\b/i;
 
+/** A directory as `unix_socket_directories` lists it or a DSN names it, for comparison. */
+function socketDirKey(dir: string): string {
+  const bare = dir.trim().replace(/^"(.*)"$/, "$1");
+  return bare.length > 1 ? bare.replace(/\/+$/, "") : bare;
+}
+
 /**
  * Tells whether something sits between the client and the server, from what the server sees.
  *
+ * Over a unix socket the port is only the number in the socket's name, which a pooler listening
+ * in another directory can share with the server (a PgBouncer with `listen_port` equal to the
+ * server's, reaching it through the server's own socket: three candidates led one lock at once
+ * through its statement pool, unprobed). So the directory we dialed must be one of the server's
+ * `unix_socket_directories`; a role that may not read that setting (superusers and members of
+ * pg_read_all_settings may) cannot tell, and the probe decides.
+ *
  * @param row What the first statement returned: the server's `port`, the `client_port` it
- * sees, and whether it sees a unix-socket client (`unix_client`).
+ * sees, whether it sees a unix-socket client (`unix_client`), and its `unix_socket_directories`
+ * (`socket_dirs`, null when this role may not read it).
  * @param endpoint Where we connected.
  * @returns Why a middlebox is suspected, or `undefined` when the connection looks direct.
  */
 export function middleboxEvidence(
-  row: { readonly port?: unknown; readonly client_port?: unknown; readonly unix_client?: unknown },
+  row: {
+    readonly port?: unknown;
+    readonly client_port?: unknown;
+    readonly unix_client?: unknown;
+    readonly socket_dirs?: unknown;
+  },
   endpoint: SessionEndpoint,
 ): string | undefined {
   const serverPort = Number(row.port);
@@ -170,6 +193,18 @@ export function middleboxEvidence(
     return endpoint.unixSocket
       ? "we connected over a unix socket, but the server sees a TCP client"
       : "we connected over TCP, but the server sees a unix-socket client";
+  }
+  if (endpoint.unixSocket) {
+    if (typeof row.socket_dirs !== "string") {
+      return "we connected over a unix socket, and this role may not read the server's unix_socket_directories to tell its socket from a pooler's with the same port number";
+    }
+    const dirs = row.socket_dirs.split(",").map(socketDirKey);
+    const dialed = endpoint.socketDir === undefined ? undefined : socketDirKey(endpoint.socketDir);
+    if (dialed !== undefined && !dirs.includes(dialed)) {
+      return `we connected over the unix socket in ${dialed}, but the server's sockets are in ${
+        dirs.join(", ") || "no directory"
+      }`;
+    }
   }
   if (!endpoint.unixSocket && endpoint.localPort !== undefined) {
     const clientPort = row.client_port === null ? undefined : Number(row.client_port);

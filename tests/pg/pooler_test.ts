@@ -12,7 +12,7 @@ import { startPostgres, startTcpProxy, type TcpProxy, type TestPostgres } from "
 import { PgClient as KitClient } from "../../src/testing/_pg.ts";
 import { type PoolMode, startPgBouncer } from "../../src/testing/pgbouncer.ts";
 import { NO_PGBOUNCER, SKIP_NOTE } from "./_pgbouncer.ts";
-import { fastOptions, freshKeys, holders, shutdownAll } from "../_helpers.ts";
+import { fastOptions, freshKeys, holders, shutdownAll, until } from "../_helpers.ts";
 
 // The LeaderLock-level tests need the library to call assertSessionPinned when a session opens.
 const WIRED = (await Deno.readTextFile(new URL("../../src/pg/pg_session.ts", import.meta.url)))
@@ -110,11 +110,28 @@ Deno.test("middleboxEvidence() tells a direct connection from one through a midd
   assert(middleboxEvidence({ ...direct, port: 5433 }, endpoint)?.includes("port 5433"));
   assert(middleboxEvidence({ ...direct, client_port: 40001 }, endpoint)?.includes("40001"));
   assert(middleboxEvidence({ ...direct, unix_client: true, client_port: null }, endpoint));
-  const socket = { dialedPort: 5432, unixSocket: true, localPort: undefined };
+  const socket = {
+    dialedPort: 5432,
+    unixSocket: true,
+    socketDir: "/var/run/postgresql/",
+    localPort: undefined,
+  };
+  const server = { port: 5432, client_port: null, unix_client: true };
   assertEquals(
-    middleboxEvidence({ port: 5432, client_port: null, unix_client: true }, socket),
+    middleboxEvidence({ ...server, socket_dirs: "/var/run/postgresql" }, socket),
     undefined,
   );
+  assertEquals(
+    middleboxEvidence({ ...server, socket_dirs: '/tmp, "/var/run/postgresql"' }, socket),
+    undefined,
+  );
+  assert(
+    middleboxEvidence({ ...server, socket_dirs: "/tmp" }, socket)?.includes(
+      "the unix socket in /var/run/postgresql, but the server's sockets are in /tmp",
+    ),
+  );
+  // A role that may not read unix_socket_directories cannot tell: the probe decides.
+  assert(middleboxEvidence({ ...server, socket_dirs: null }, socket)?.includes("may not read"));
   assert(middleboxEvidence({ port: 5432, client_port: 5555, unix_client: false }, socket));
 });
 
@@ -445,6 +462,61 @@ Deno.test({
       assert(!error.message.includes(server.password));
       assertEquals(lock.state, "stopped");
       await lock.shutdown();
+    }
+  },
+});
+
+Deno.test({
+  name: `LeaderLock refuses PgBouncer in statement pooling on a unix socket of another directory ` +
+    `that shares the server's port number, and still leads on the server's own socket${SKIP_NOTE}`,
+  ignore: NO_PGBOUNCER || !WIRED,
+  fn: async () => {
+    await using server = await startPostgres();
+    // PgBouncer on a unix socket only, named by the server's port (.s.PGSQL.<port>) in its own
+    // directory, reaching the server through the server's socket: the server sees the same port
+    // and a unix-socket client, as it would of a direct connection (found by an attack: three
+    // candidates led one lock at once through a pool of one, unprobed).
+    const dir = await Deno.makeTempDir({ prefix: "pgleaderlock-bouncer-socket-" });
+    try {
+      const owner = await Deno.stat(server.socketDir);
+      await Deno.chown(dir, owner.uid, owner.gid).catch(() => {});
+      const viaSocket = { host: server.socketDir, port: server.port, password: server.password };
+      await using _bouncer = await startPgBouncer(viaSocket as TestPostgres, {
+        poolMode: "statement",
+        settings: {
+          listen_addr: "",
+          unix_socket_dir: dir,
+          listen_port: server.port,
+          default_pool_size: 1,
+        },
+      });
+      const dsn = `postgres://postgres:${encodeURIComponent(server.password)}@${
+        encodeURIComponent(dir)
+      }:${server.port}/postgres`;
+      const keys = freshKeys();
+      const locks = [0, 1, 2].map(() => new LeaderLock(fastOptions(server, keys, { dsn })));
+      const results = await Promise.allSettled(locks.map((lock) => lock.start()));
+      for (const result of results) {
+        assert(result.status === "rejected", "a candidate led through the statement pool");
+        const error = result.reason as ConnectionError;
+        assert(error instanceof ConnectionError && error.permanent, String(error));
+        assert(error.message.includes("pool_mode = session"), error.message);
+      }
+      assertEquals(await holderCount(server, keys), 0);
+      await shutdownAll(locks);
+      // The server's own socket: no pooler, a leader; and one for a role that may not read
+      // unix_socket_directories, whose connection the probe checks instead.
+      await server.query("CREATE ROLE socket_plain LOGIN");
+      for (const user of ["postgres", "socket_plain"]) {
+        const direct = new LeaderLock(fastOptions(server, keys, {
+          dsn: `postgres://${user}@${encodeURIComponent(server.socketDir)}:${server.port}/postgres`,
+        }));
+        await direct.start();
+        await until(() => direct.isLeader, 10_000, `${user} leading on the server's socket`);
+        await direct.shutdown();
+      }
+    } finally {
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
     }
   },
 });
