@@ -467,7 +467,8 @@ Deno.test({
 });
 
 Deno.test({
-  name: `LeaderLock refuses PgBouncer in statement pooling on a unix socket of another directory ` +
+  name:
+    `LeaderLock and LeaderGroup refuse PgBouncer in statement pooling on a unix socket of another directory ` +
     `that shares the server's port number, and still leads on the server's own socket${SKIP_NOTE}`,
   ignore: NO_PGBOUNCER || !WIRED,
   fn: async () => {
@@ -504,6 +505,20 @@ Deno.test({
       }
       assertEquals(await holderCount(server, keys), 0);
       await shutdownAll(locks);
+      // A LeaderGroup member takes the same connect path.
+      const group = new LeaderGroup({ dsn, key1: freshKeys().key1, shards: 4 });
+      try {
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const outcome = await Promise.race([
+          group.lead(() => {}).then(() => "resolved", (e: unknown) => e),
+          new Promise((resolve) => timer = setTimeout(() => resolve("led for 15 s"), 15_000)),
+        ]);
+        clearTimeout(timer);
+        assert(outcome instanceof ConnectionError && outcome.permanent, String(outcome));
+        assert(outcome.message.includes("pool_mode = session"), outcome.message);
+      } finally {
+        await group.shutdown();
+      }
       // The server's own socket: no pooler, a leader; and one for a role that may not read
       // unix_socket_directories, whose connection the probe checks instead.
       await server.query("CREATE ROLE socket_plain LOGIN");
