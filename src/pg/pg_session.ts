@@ -334,12 +334,14 @@ async function verifyPinned(
 ): Promise<void> {
   const onAbort = () => session.destroy();
   signal.addEventListener("abort", onAbort, { once: true });
+  // A host that starts with "/" is a unix socket's directory (see dsn.ts).
+  const socketDir = host.host.startsWith("/") ? host.host : undefined;
   try {
     await assertSessionPinned(session, {
       target: describeHost(host) + (params.database !== undefined ? `/${params.database}` : ""),
       dialedPort: host.port,
-      unixSocket: host.host.startsWith("/"),
-      ...(host.host.startsWith("/") ? { socketDir: host.host } : {}),
+      unixSocket: socketDir !== undefined,
+      ...(socketDir !== undefined ? { socketDir } : {}),
       localPort: session.localPort,
       openProbe: () => connectOne(params, host, signal, keepAliveDelayMs, startup),
     });

@@ -411,6 +411,22 @@ async function roundRobinPool(server: TestPostgres) {
   return bouncer;
 }
 
+/**
+ * What `group.lead()` settled with within `ms`: its error, "resolved", or "timeout" while it still
+ * runs (a group that leads through a pool it should have refused).
+ */
+async function leadOutcome(group: LeaderGroup, ms: number): Promise<unknown> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    return await Promise.race([
+      group.lead(() => {}).then(() => "resolved", (error: unknown) => error),
+      new Promise((resolve) => timer = setTimeout(() => resolve("timeout"), ms)),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 async function holderCount(server: TestPostgres, keys: { key1: number; key2: number }) {
   return (await holders(server, keys)).length;
 }
@@ -508,12 +524,7 @@ Deno.test({
       // A LeaderGroup member takes the same connect path.
       const group = new LeaderGroup({ dsn, key1: freshKeys().key1, shards: 4 });
       try {
-        let timer: ReturnType<typeof setTimeout> | undefined;
-        const outcome = await Promise.race([
-          group.lead(() => {}).then(() => "resolved", (e: unknown) => e),
-          new Promise((resolve) => timer = setTimeout(() => resolve("led for 15 s"), 15_000)),
-        ]);
-        clearTimeout(timer);
+        const outcome = await leadOutcome(group, 15_000);
         assert(outcome instanceof ConnectionError && outcome.permanent, String(outcome));
         assert(outcome.message.includes("pool_mode = session"), outcome.message);
       } finally {
@@ -602,11 +613,7 @@ Deno.test({
     const errors: unknown[] = [];
     group.addEventListener("error", (e) => errors.push((e as ErrorEvent).error));
     try {
-      const timer = new Promise<"timeout">((r) => setTimeout(() => r("timeout"), 15_000));
-      const outcome = await Promise.race([
-        group.lead(() => {}).then(() => "resolved", (error: unknown) => error),
-        timer,
-      ]);
+      const outcome = await leadOutcome(group, 15_000);
       assert(
         outcome instanceof ConnectionError,
         `lead() rejects with a ConnectionError: ${outcome}, errors: ${errors.join(" | ")}`,
