@@ -459,6 +459,10 @@ Deno.test({
     const placed = () => {
       const members = [...groups.map((g) => g.memberId!), ...forged];
       const holderOf = held().set(forgersShard, forged[0]!);
+      // A rescued target is held by a member, but members keep no rescued shard in the
+      // assignment (#holdersById): planned as held, no id ever got it, and the forging stopped
+      // (8 ids on a loaded machine).
+      holderOf.delete(target!);
       const onTarget = Math.max(...members.map((m) => score(target!, m)));
       const room = 0xffffffff - onTarget;
       for (let tries = 0; tries < 10_000; tries++) {
@@ -485,10 +489,11 @@ Deno.test({
       const now = performance.now();
       if (now >= nextForgeryAt) {
         const id = placed();
-        if (id === undefined) break;
-        await forger.query(`SELECT pg_advisory_lock(${memberKey(key1, id)})`);
-        forged.push(id);
-        nextForgeryAt = now + everyTicks * healthIntervalMs;
+        if (id !== undefined) {
+          await forger.query(`SELECT pg_advisory_lock(${memberKey(key1, id)})`);
+          forged.push(id);
+        }
+        nextForgeryAt = now + (id === undefined ? 1 : everyTicks) * healthIntervalMs;
       }
       const counts = new Map<number, number>();
       for (const g of groups) for (const k of g.leading) counts.set(k, (counts.get(k) ?? 0) + 1);
