@@ -334,14 +334,11 @@ async function verifyPinned(
 ): Promise<void> {
   const onAbort = () => session.destroy();
   signal.addEventListener("abort", onAbort, { once: true });
-  // A host that starts with "/" is a unix socket's directory (see dsn.ts).
-  const socketDir = host.host.startsWith("/") ? host.host : undefined;
   try {
     await assertSessionPinned(session, {
       target: describeHost(host) + (params.database !== undefined ? `/${params.database}` : ""),
       dialedPort: host.port,
-      unixSocket: socketDir !== undefined,
-      ...(socketDir !== undefined ? { socketDir } : {}),
+      unixSocket: host.host.startsWith("/"),
       localPort: session.localPort,
       openProbe: () => connectOne(params, host, signal, keepAliveDelayMs, startup),
     });

@@ -62,8 +62,6 @@ export interface SessionEndpoint {
   readonly dialedPort: number;
   /** Whether we connected over a unix socket. */
   readonly unixSocket: boolean;
-  /** The directory of the unix socket we dialed, when we connected over one. */
-  readonly socketDir?: string;
   /** Our socket's local TCP port, when known. */
   readonly localPort: number | undefined;
 }
@@ -130,8 +128,6 @@ const ON_CATALOG = `FROM pg_catalog.pg_database d
 const FIRST_LOOK = `SELECT pg_catalog.current_setting('port')::pg_catalog.int4 AS port,
         pg_catalog.inet_client_port() AS client_port,
         pg_catalog.inet_client_addr() IS NULL AS unix_client,
-        CASE WHEN pg_catalog.pg_has_role('pg_read_all_settings', 'USAGE')
-             THEN pg_catalog.current_setting('unix_socket_directories') END AS socket_dirs,
         pg_catalog.pg_backend_pid() AS pid,
         ${SERVER},
         pg_catalog.set_config('${PIN_SETTING}', $1::pg_catalog.text, false) AS nonce
@@ -153,35 +149,24 @@ const HELD_PID = `SELECT pg_catalog.pg_backend_pid() AS pid
  */
 const STATEMENT_POOLING_ERROR = /\bstatement pooling\b/i;
 
-/** A directory as `unix_socket_directories` lists it or a DSN names it, for comparison. */
-function socketDirKey(dir: string): string {
-  const bare = dir.trim().replace(/^"(.*)"$/, "$1");
-  return bare.length > 1 ? bare.replace(/\/+$/, "") : bare;
-}
-
 /**
  * Tells whether something sits between the client and the server, from what the server sees.
  *
- * Over a unix socket the port is only the number in the socket's name, which a pooler listening
- * in another directory can share with the server (a PgBouncer with `listen_port` equal to the
- * server's, reaching it through the server's own socket: three candidates led one lock at once
- * through its statement pool, unprobed). So the directory we dialed must be one of the server's
- * `unix_socket_directories`; a role that may not read that setting (superusers and members of
- * pg_read_all_settings may) cannot tell, and the probe decides.
+ * Over a unix socket nothing the server sees tells a direct connection from a pooler's: the port
+ * is only the number in the socket's name, which a PgBouncer listening in another directory can
+ * share with the server while it reaches the server through the server's own socket (three
+ * candidates led one lock at once through its statement pool, unprobed), and a directory the
+ * server lists proves nothing either (another container can mount a pooler's socket directory at
+ * the same path; a listed directory whose socket file was removed can be taken over). So a
+ * unix-socket connection is always probed.
  *
  * @param row What the first statement returned: the server's `port`, the `client_port` it
- * sees, whether it sees a unix-socket client (`unix_client`), and its `unix_socket_directories`
- * (`socket_dirs`, null when this role may not read it).
+ * sees, and whether it sees a unix-socket client (`unix_client`).
  * @param endpoint Where we connected.
  * @returns Why a middlebox is suspected, or `undefined` when the connection looks direct.
  */
 export function middleboxEvidence(
-  row: {
-    readonly port?: unknown;
-    readonly client_port?: unknown;
-    readonly unix_client?: unknown;
-    readonly socket_dirs?: unknown;
-  },
+  row: { readonly port?: unknown; readonly client_port?: unknown; readonly unix_client?: unknown },
   endpoint: SessionEndpoint,
 ): string | undefined {
   const serverPort = Number(row.port);
@@ -195,18 +180,9 @@ export function middleboxEvidence(
       : "we connected over TCP, but the server sees a unix-socket client";
   }
   if (endpoint.unixSocket) {
-    if (typeof row.socket_dirs !== "string") {
-      return "we connected over a unix socket, and this role may not read the server's unix_socket_directories to tell its socket from a pooler's with the same port number";
-    }
-    const dirs = row.socket_dirs.split(",").map(socketDirKey);
-    const dialed = endpoint.socketDir === undefined ? undefined : socketDirKey(endpoint.socketDir);
-    if (dialed !== undefined && !dirs.includes(dialed)) {
-      return `we connected over the unix socket in ${dialed}, but the server's sockets are in ${
-        dirs.join(", ") || "no directory"
-      }`;
-    }
+    return "we connected over a unix socket, where nothing the server sees tells its socket from a pooler's with the same port number";
   }
-  if (!endpoint.unixSocket && endpoint.localPort !== undefined) {
+  if (endpoint.localPort !== undefined) {
     const clientPort = row.client_port === null ? undefined : Number(row.client_port);
     if (clientPort !== endpoint.localPort) {
       return `the server sees client port ${clientPort}, but ours is ${endpoint.localPort}`;
