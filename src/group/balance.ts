@@ -430,3 +430,62 @@ function densify(base: Assignment): Dense {
   for (let s = 0; s < keys.length; s++) owner[s] = memberIndex.get(base.ownerOf.get(keys[s]!)!)!;
   return { index, owner };
 }
+
+/** Two 32-bit lanes of a digest ({@linkcode membersDigest}, {@linkcode holdingsDigest}). */
+class Digest {
+  #a = 0x243f6a88;
+  #b = 0x85a308d3;
+
+  add(v: number): void {
+    this.#a = fmix32((this.#a ^ v) + 0x9e3779b9);
+    this.#b = fmix32(Math.imul(this.#b ^ v, 0x01000193) + 0x7f4a7c15);
+  }
+
+  toString(): string {
+    return this.#a.toString(16).padStart(8, "0") + this.#b.toString(16).padStart(8, "0");
+  }
+}
+
+/**
+ * A 64-bit digest (16 hex digits) of an assignment's member ids (in any order). With
+ * {@linkcode holdingsDigest}, the inputs of a {@linkcode keepHolding} of an
+ * {@linkcode assignShards}: two members whose views give the same two digests compute the same
+ * assignment (a join's handover request carries the joiner's: protocol.ts, `askPayloads`). A
+ * collision (one in 2^64 for two different views) would only make a member hand over shards that
+ * its own view would have kept: its next tick takes them back.
+ *
+ * @param members The member ids.
+ * @returns The digest.
+ */
+export function membersDigest(members: readonly number[]): string {
+  const digest = new Digest();
+  const ids = members.map((m) => m >>> 0).sort((x, y) => x - y);
+  digest.add(ids.length);
+  for (const id of ids) digest.add(id);
+  return digest.toString();
+}
+
+/**
+ * A 64-bit digest (16 hex digits) of who holds each shard (see {@linkcode membersDigest}).
+ *
+ * @param shards The group's shards, in the order of the options (the same in every member).
+ * @param holderOf For each held shard, the member id that holds it.
+ * @returns The digest.
+ */
+export function holdingsDigest(
+  shards: readonly number[],
+  holderOf: ReadonlyMap<number, number>,
+): string {
+  const digest = new Digest();
+  digest.add(shards.length);
+  for (const k of shards) {
+    const holder = holderOf.get(k);
+    digest.add(k >>> 0);
+    if (holder === undefined) digest.add(0);
+    else {
+      digest.add(1);
+      digest.add(holder >>> 0);
+    }
+  }
+  return digest.toString();
+}

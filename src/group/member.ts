@@ -89,7 +89,15 @@ import type { TakeoverMode } from "../engine/config.ts";
 import { FALLBACK_DELAY_MS, RetrySeries } from "../engine/retry_series.ts";
 import type { LockSession, SessionConnector } from "../engine/session.ts";
 import { DeadlineError, sleep, withDeadline } from "../engine/_async.ts";
-import { type Assignment, assignShards, fairShare, keepHolding, score } from "./balance.ts";
+import {
+  type Assignment,
+  assignShards,
+  fairShare,
+  holdingsDigest,
+  keepHolding,
+  membersDigest,
+  score,
+} from "./balance.ts";
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
@@ -98,6 +106,7 @@ import { RingWatcher, watcherSettings } from "./watcher.ts";
 import { movedSessionError, sharedSessionError } from "../pg/pooler.ts";
 import {
   acquire,
+  askPayloads,
   bellChannel,
   type BellKind,
   join,
@@ -108,10 +117,12 @@ import {
   type MemberSession,
   type Observation,
   observe,
+  parseAsk,
   parseBell,
   release,
   releaseAndLeave,
   ring,
+  sameRole,
   setUp,
   unlistenStatement,
 } from "./protocol.ts";
@@ -466,7 +477,14 @@ export class GroupMember {
    * {@linkcode #quietAfter}): the observation it read and the terms it saw. A tick that reads
    * the same observation with the same terms would do nothing again.
    */
-  #quiet: { seen: Observation; termsEpoch: number } | undefined;
+  #quiet: { seen: Observation; termsEpoch: number; holdings: string | undefined } | undefined;
+  /**
+   * A joiner's handover request heard while quiet and checked against the quiet view (see
+   * {@linkcode #hearAsk}): handed over by the next tick before it reads pg_locks.
+   */
+  #ask:
+    | { pid: number; joiner: number; keys: number[]; seen: Observation; termsEpoch: number }
+    | undefined;
   /** A bell's wake deferred by {@linkcode #bellGapMs}. */
   #bellTimer: ReturnType<typeof setTimeout> | undefined;
 
@@ -768,9 +786,14 @@ export class GroupMember {
    * tick or poll. A bell that fails (a full lock table: a notification takes a lock) is no
    * error: the others see the same a little later.
    */
-  async #ring(kind: BellKind, memberId?: number, handedOver?: readonly number[]): Promise<void> {
+  async #ring(
+    kind: BellKind,
+    memberId?: number,
+    handedOver?: readonly number[],
+    asks?: readonly string[],
+  ): Promise<void> {
     try {
-      await this.#query((s) => ring(s, this.#config.key1, kind, memberId, handedOver));
+      await this.#query((s) => ring(s, this.#config.key1, kind, memberId, handedOver, asks));
     } catch (error) {
       if (error instanceof SessionEnded || error instanceof LeaseExpired) throw error;
     }
@@ -802,6 +825,10 @@ export class GroupMember {
       }
       if (++this.#bellCount > BELL_FLOOD_PER_S) {
         this.#muteBell(now);
+        return;
+      }
+      if (payload.startsWith("ask:")) {
+        this.#hearAsk(pid, payload);
         return;
       }
       if (payload.startsWith("handover:")) {
@@ -939,7 +966,7 @@ export class GroupMember {
       if (joined === "read-only") throw readOnlyError(this.#config.target ?? "the server");
       if (joined === "joined") {
         this.#joined = true;
-        await this.#ring("joined", this.#memberId);
+        await this.#ring("joined", this.#memberId, undefined, this.#asks());
         return;
       }
       // Another session has this id (perhaps our own previous one, not yet gone).
@@ -1116,6 +1143,13 @@ export class GroupMember {
         }
       }
       await this.#unmuteBell();
+      const ask = this.#ask;
+      this.#ask = undefined;
+      if (ask !== undefined && !takeover && this.#askable(ask.joiner) === ask.seen) {
+        await this.#handOverAsked(ask);
+        // A member went meanwhile: its takeover first.
+        if (this.#gone !== undefined || this.#stop.signal.aborted) continue;
+      }
       const sentAt = clock();
       this.#tickStartedAt = sentAt;
       this.#joinHeard = false;
@@ -1391,7 +1425,15 @@ export class GroupMember {
         );
       }
       this.#quiet = !takeover && !woken && this.#quietAfter(free, target, mine, stray)
-        ? { seen, termsEpoch: this.#termsEpoch }
+        ? {
+          seen,
+          termsEpoch: this.#termsEpoch,
+          // What a joiner's handover request is checked against (#hearAsk), made now rather
+          // than when one comes, as every old member hears its own at once.
+          holdings: this.#config.takeover === "safe"
+            ? undefined
+            : holdingsDigest(shards, this.#holdersById(seen)),
+        }
         : undefined;
       const watched = nextInRing(this.#ringMembers!, this.#memberId);
       if (!takeover) this.#prepareSpare(assignment.members, watched);
@@ -1701,6 +1743,121 @@ export class GroupMember {
       if (id !== undefined) holderOf.set(k, id);
     }
     return holderOf;
+  }
+
+  /**
+   * The joiner's handover requests ({@linkcode askPayloads}), from the look before the join: for
+   * each old member, the shards its view showed that member hold and the assignment with this
+   * member gives to this one. None in safe mode (a move there waits for views that have seen the
+   * join), nor without a look made for this member id.
+   */
+  #asks(): string[] {
+    const kept = this.#kept;
+    if (this.#config.takeover === "safe" || !kept?.base.members.includes(this.#memberId)) {
+      return [];
+    }
+    const asks = new Map<number, number[]>();
+    for (const [k, id] of kept.holderOf) {
+      if (id === this.#memberId || kept.assignment.ownerOf.get(k) !== this.#memberId) continue;
+      const list = asks.get(id);
+      if (list) list.push(k);
+      else asks.set(id, [k]);
+    }
+    const digest = membersDigest(kept.base.members) +
+      holdingsDigest(this.#config.shards, kept.holderOf);
+    return askPayloads(this.#memberId, digest, asks);
+  }
+
+  /**
+   * The quiet view that a joiner's handover request is checked against, when this member is in a
+   * state where its own full tick would hand over exactly what the request's digest says
+   * (balance.ts, holdingsDigest): its last tick was quiet with that view and the same terms,
+   * `joiner` is no member of it, and nothing is in flight (no member gone or counted absent, no
+   * drain, unlock, lease wait or sweep, a lock table not full). `undefined` otherwise.
+   */
+  #askable(joiner: number): Observation | undefined {
+    const quiet = this.#quiet;
+    if (
+      quiet?.holdings === undefined || this.#lastSeen !== quiet.seen ||
+      quiet.termsEpoch !== this.#termsEpoch || joiner === this.#memberId ||
+      this.#lastMemberPid.has(joiner)
+    ) {
+      return undefined;
+    }
+    if (
+      this.#gone !== undefined || this.#takeover > 0 || this.#released.length > 0 ||
+      this.#draining.size > 0 || this.#outwaiting.size > 0 || this.#absent.size > 0 ||
+      this.#fullSince !== undefined || this.#config.clock() < this.#sweepUntil
+    ) {
+      return undefined;
+    }
+    return quiet.seen;
+  }
+
+  /**
+   * A handover request from backend `pid` ({@linkcode parseAsk}): kept for the next tick, which
+   * starts now, when it is addressed to this member, this member is {@linkcode #askable} and the
+   * request's digest is the one of its own view with the joiner added (then its own assignment
+   * would hand over the same shards). Anything else is ignored: the tick that the `joined` bell
+   * starts does the same from its own read.
+   */
+  #hearAsk(pid: number, payload: string): void {
+    if (this.#memberId === undefined) return;
+    const ask = parseAsk(payload, this.#memberId);
+    if (ask === undefined) return;
+    const seen = this.#askable(ask.joiner);
+    if (seen === undefined) return;
+    const pending = this.#ask;
+    // A list whose span needs more than one payload: the same request, continued.
+    if (pending?.pid === pid && pending.joiner === ask.joiner && pending.seen === seen) {
+      pending.keys.push(...ask.keys);
+      return;
+    }
+    const ids = [...seen.members.map((m) => m.memberId), ask.joiner];
+    if (membersDigest(ids) + this.#quiet!.holdings !== ask.digest) return;
+    this.#ask = {
+      pid,
+      joiner: ask.joiner,
+      keys: [...ask.keys],
+      seen,
+      termsEpoch: this.#termsEpoch,
+    };
+    this.#wake.abort();
+  }
+
+  /**
+   * Hands over the shards of a joiner's request at once, as the tick after the join would (their
+   * terms end, they drain, then they are unlocked and the `released` bell names them), once the
+   * server says that the requester is a session of this member's role. The tick's read of
+   * pg_locks then comes when the next regular tick would have, or at a random point between a
+   * quarter and half a health interval if that is later (the lease, at least two intervals, is
+   * renewed within one and a half), unless something wakes it sooner: at a join every old member
+   * read the whole lock table at once, and those reads shared the cores with the joiner's polls.
+   */
+  async #handOverAsked(
+    ask: { pid: number; keys: number[]; seen: Observation; termsEpoch: number },
+  ): Promise<void> {
+    const { clock, handoverPollMs, healthIntervalMs } = this.#config;
+    if (ask.termsEpoch !== this.#termsEpoch) return;
+    if (!(await this.#query((s) => sameRole(s, ask.pid)))) return;
+    // Terms may have ended while the statement ran (a fenced call's failure, a stop).
+    const mine = new Set(ask.seen.mine);
+    const keys = [...new Set(ask.keys)].filter((k) => this.#terms.has(k) && mine.has(k));
+    if (keys.length === 0 || this.#stop.signal.aborted) return;
+    this.#quiet = undefined;
+    this.#releaseTerms(keys, "rebalance");
+    this.#startDrain(this.#released.splice(0), clock());
+    const toUnlock = this.#drained(clock());
+    if (toUnlock.length > 0) await this.#unlock(toUnlock);
+    for (const k of toUnlock) this.#handedOverAt.set(k, this.#tick);
+    // The bell's tick is this one, later: not at a bell's timer among the other old members'.
+    clearTimeout(this.#bellTimer);
+    this.#bellTimer = undefined;
+    const next = Math.max(
+      clock() + Math.max(2 * handoverPollMs, healthIntervalMs * (1 + Math.random()) / 4),
+      this.#tickStartedAt + healthIntervalMs,
+    );
+    await sleep(next - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
   }
 
   /**

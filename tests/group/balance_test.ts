@@ -1,5 +1,11 @@
 import assert from "node:assert/strict";
-import { assignShards, fairShare, keepHolding } from "../../src/group/balance.ts";
+import {
+  assignShards,
+  fairShare,
+  holdingsDigest,
+  keepHolding,
+  membersDigest,
+} from "../../src/group/balance.ts";
 
 /** A deterministic stream of uint32 member ids. */
 function ids(count: number, seed: number): number[] {
@@ -180,4 +186,27 @@ Deno.test("an assignment's ownerOf answers as a map of every shard, and a hand-b
   const fromHand = keepHolding(byHand, holdings);
   assert.deepEqual([...fromHand.ownerOf].sort(([x], [y]) => x - y), [...fromDense.ownerOf]);
   assert.deepEqual([...fromHand.byMember], [...fromDense.byMember]);
+});
+
+Deno.test("membersDigest and holdingsDigest tell views apart by every input, whatever the member order", () => {
+  const shards = range(1000);
+  const members = ids(4, 7);
+  const holders = keepHolding(assignShards(shards, members), new Map()).ownerOf;
+  const holderOf = new Map(holders);
+  const same = new Map([...holders].reverse());
+  assert.equal(membersDigest(members), membersDigest([...members].reverse()));
+  assert.equal(holdingsDigest(shards, holderOf), holdingsDigest(shards, same));
+  assert.match(membersDigest(members) + holdingsDigest(shards, holderOf), /^[0-9a-f]{32}$/);
+  // One member more or fewer, one shard moved or freed: another digest.
+  assert.notEqual(membersDigest(members), membersDigest([...members, 1]));
+  assert.notEqual(membersDigest(members), membersDigest(members.slice(1)));
+  const moved = new Map(holderOf);
+  moved.set(17, members.find((m) => m !== holderOf.get(17))!);
+  assert.notEqual(holdingsDigest(shards, holderOf), holdingsDigest(shards, moved));
+  const freed = new Map(holderOf);
+  freed.delete(17);
+  assert.notEqual(holdingsDigest(shards, holderOf), holdingsDigest(shards, freed));
+  // A member id 0 holding a shard is not the shard being free.
+  const zero = new Map([[3, 0]]);
+  assert.notEqual(holdingsDigest(shards, zero), holdingsDigest(shards, new Map()));
 });

@@ -3,7 +3,13 @@
  * (anyone with CONNECT can notify on it).
  */
 import assert from "node:assert/strict";
-import { bellChannel, parseBell } from "../../src/group/protocol.ts";
+import {
+  askPayloads,
+  bellChannel,
+  parseAsk,
+  parseBell,
+  parseHandover,
+} from "../../src/group/protocol.ts";
 import { LeaderGroup } from "../../src/group/leader_group.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { startPostgres } from "../../testing.ts";
@@ -30,6 +36,49 @@ Deno.test("parseBell ignores a payload no member rings", () => {
     ]
   ) {
     assert.equal(parseBell(payload), undefined, payload);
+  }
+});
+
+Deno.test("askPayloads asks each member for its shards, and parseAsk reads only the one addressed to it", () => {
+  const digest = "0123456789abcdef0123456789abcdef";
+  const asks = new Map([
+    [7, [3, 1, 2]],
+    [4294967295, Array.from({ length: 400 }, (_, i) => -200 + i * 3)],
+    [9, []],
+  ]);
+  const payloads = askPayloads(42, digest, asks);
+  assert.equal(payloads.length, 2, "one payload per member with shards");
+  for (const payload of payloads) assert.ok(payload.length < 8000, "PostgreSQL takes it");
+  // Not a bell, nor a handover notice: members that do not know the prefix ignore it.
+  for (const payload of payloads) {
+    assert.equal(parseBell(payload), undefined);
+    assert.equal(parseHandover(payload), undefined);
+  }
+  const to7 = payloads.map((p) => parseAsk(p, 7)).filter((a) => a !== undefined);
+  assert.equal(to7.length, 1);
+  assert.deepEqual(to7[0], { joiner: 42, digest, memberId: 7, keys: new Set([1, 2, 3]) });
+  const toMax = payloads.map((p) => parseAsk(p, 4294967295)).filter((a) => a !== undefined);
+  assert.deepEqual([...toMax[0]!.keys].sort((a, b) => a - b), asks.get(4294967295));
+  assert.deepEqual(payloads.map((p) => parseAsk(p, 9)), [undefined, undefined]);
+});
+
+Deno.test("parseAsk ignores a malformed request", () => {
+  const [good] = askPayloads(42, "0123456789abcdef0123456789abcdef", new Map([[7, [5]]]));
+  assert.ok(parseAsk(good!, 7));
+  for (
+    const payload of [
+      "",
+      "ask:",
+      "ask:42:0123456789abcdef0123456789abcdef:7",
+      good!.replace("ask:42", "ask:-42"),
+      good!.replace("ask:42", "ask:4294967296"),
+      good!.replace("0123456789abcdef0123456789abcdef", "0123456789ABCDEF0123456789ABCDEF"),
+      good!.replace("0123456789abcdef0123456789abcdef", "0123"),
+      good! + "!",
+      good!.replace(":7:", ":07:"),
+    ]
+  ) {
+    assert.equal(parseAsk(payload, 7), undefined, payload);
   }
 });
 

@@ -1,0 +1,185 @@
+/**
+ * A joiner's handover requests (protocol.ts, `askPayloads`): old members whose last view is the
+ * joiner's hand its shards over at once, before their own read of pg_locks, and only at the
+ * request of a session of their role whose view is theirs.
+ */
+import assert from "node:assert/strict";
+import { startPostgres, type TestPostgres } from "../../testing.ts";
+import { LeaderGroup } from "../../src/group/leader_group.ts";
+import {
+  assignShards,
+  holdingsDigest,
+  keepHolding,
+  membersDigest,
+} from "../../src/group/balance.ts";
+import { askPayloads, bellChannel } from "../../src/group/protocol.ts";
+import { PgClient } from "../../src/testing/_pg.ts";
+
+const N = 60;
+const HEALTH_MS = 300;
+
+async function until(predicate: () => boolean, timeoutMs: number, what: string): Promise<void> {
+  const end = performance.now() + timeoutMs;
+  while (!predicate()) {
+    if (performance.now() > end) throw new Error(`Timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+}
+
+const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** What a member did, in order: `released:<key2>:<reason>` and `members:<count>`. */
+function record(group: LeaderGroup): string[] {
+  const log: string[] = [];
+  group.addEventListener("released", (e) => log.push(`released:${e.key2}:${e.reason}`));
+  group.addEventListener("membershipchange", (e) => log.push(`members:${e.members.length}`));
+  return log;
+}
+
+/** `count` members of group key1, balanced and then left alone for a few ticks (quiet). */
+async function quietGroup(pg: TestPostgres, key1: number, count: number): Promise<LeaderGroup[]> {
+  const groups = Array.from(
+    { length: count },
+    () => new LeaderGroup({ dsn: pg.dsn, key1, shards: N, healthIntervalMs: HEALTH_MS }),
+  );
+  for (const group of groups) await group.start();
+  await until(
+    () => groups.every((g) => g.leading.size === N / count),
+    20_000,
+    `${count} members balanced`,
+  );
+  await pause(4 * HEALTH_MS);
+  return groups;
+}
+
+/** The group as pg_locks shows it: member ids, and each held shard's member id. */
+async function view(pg: TestPostgres, key1: number) {
+  const members = await pg.query(
+    `SELECT objid::text AS id, pid FROM pg_locks
+      WHERE locktype = 'advisory' AND classid = $1::int4::oid AND objsubid = 1 AND granted`,
+    [key1],
+  );
+  const idOf = new Map(members.map((m) => [Number(m.pid), Number(m.id)]));
+  const shards = await pg.query(
+    `SELECT objid::text AS key2, pid FROM pg_locks
+      WHERE locktype = 'advisory' AND classid = $1::int4::oid AND objsubid = 2 AND granted`,
+    [key1],
+  );
+  const holderOf = new Map(shards.map((s) => [Number(s.key2), idOf.get(Number(s.pid))!]));
+  return { ids: [...idOf.values()], holderOf };
+}
+
+Deno.test({
+  name: "Old members hand their shards to a joiner at its request, before their own read shows it",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  await using pg = await startPostgres();
+  const key1 = 7171;
+  const olds = await quietGroup(pg, key1, 3);
+  const logs = olds.map(record);
+  const joiner = new LeaderGroup({ dsn: pg.dsn, key1, shards: N, healthIntervalMs: HEALTH_MS });
+  try {
+    await joiner.start();
+    await until(
+      () => joiner.leading.size === N / 4 && olds.every((g) => g.leading.size === N / 4),
+      10_000,
+      "four members balanced",
+    );
+    // The old members' next ticks read the new membership (a request defers them).
+    await until(
+      () => logs.every((log) => log.includes("members:4")),
+      5_000,
+      "every old member to see the join",
+    );
+    let asked = 0;
+    for (const log of logs) {
+      const released = log.filter((e) => e.startsWith("released:"));
+      // Each old member moved exactly its excess, as a rebalance (the request changes no count).
+      assert.equal(released.length, N / 3 - N / 4, log.join(" "));
+      assert.ok(released.every((e) => e.endsWith(":rebalance")), log.join(" "));
+      const seenAt = log.indexOf("members:4");
+      if (log.lastIndexOf(released.at(-1)!) < seenAt) asked++;
+    }
+    // Without the requests an old member hands over only in the tick that read the new
+    // membership, after its membershipchange event. With them, an old member whose tick was
+    // reading pg_locks just as the joiner joined sees the join first and hands over by itself
+    // (a view the request does not match): about one member in a hundred here.
+    assert.ok(asked >= 2, `${asked} of 3 old members handed over at the request`);
+  } finally {
+    await Promise.all([joiner, ...olds].map((g) => g.shutdown()));
+  }
+});
+
+Deno.test({
+  name:
+    "A handover request moves nothing from a session of another role or with another view's digest, and moves shards from a session of the members' role",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  await using pg = await startPostgres();
+  await pg.query("CREATE ROLE asker LOGIN PASSWORD 'asker-pw'");
+  const key1 = 7272;
+  const olds = await quietGroup(pg, key1, 3);
+  const logs = olds.map(record);
+  const foreign = new PgClient({
+    connectionString: pg.dsnFor({ user: "asker", password: "asker-pw" }),
+  });
+  const own = new PgClient({ connectionString: pg.dsn });
+  for (const client of [foreign, own]) {
+    client.on("error", () => {});
+    await client.connect();
+  }
+  try {
+    // The requests a joiner with member id 12345 would send: each member's excess over the
+    // assignment with it, under the digest of the members' own view.
+    const joinerId = 12345;
+    const { ids, holderOf } = await view(pg, key1);
+    assert.equal(ids.length, 3);
+    const shards = Array.from({ length: N }, (_, k) => k);
+    const withJoiner = [...ids, joinerId].sort((a, b) => a - b);
+    const after = keepHolding(assignShards(shards, withJoiner), holderOf);
+    const asks = new Map<number, number[]>();
+    for (const [k, id] of holderOf) {
+      if (after.ownerOf.get(k) === joinerId) asks.set(id, [...(asks.get(id) ?? []), k]);
+    }
+    const digest = membersDigest(withJoiner) + holdingsDigest(shards, holderOf);
+    const send = async (client: PgClient, payloads: string[]) => {
+      for (const p of payloads) {
+        await client.query("SELECT pg_notify($1, $2)", [bellChannel(key1), p]);
+      }
+    };
+    const released = () => logs.map((log) => log.filter((e) => e.startsWith("released:")).length);
+
+    await send(foreign, askPayloads(joinerId, digest, asks));
+    await pause(3 * HEALTH_MS);
+    assert.deepEqual(released(), [0, 0, 0], "another role's request moved shards");
+
+    const wrong = (digest[0] === "0" ? "1" : "0") + digest.slice(1);
+    await send(own, askPayloads(joinerId, wrong, asks));
+    await pause(3 * HEALTH_MS);
+    assert.deepEqual(released(), [0, 0, 0], "a request of another view moved shards");
+
+    // The same requests from the members' role are trusted (that role can end their backends
+    // anyway): every member hands over what it was asked for. No member 12345 takes them, so
+    // the members lead them again.
+    await send(own, askPayloads(joinerId, digest, asks));
+    await until(
+      () => released().every((count, i) => count === asks.get(idOf(olds[i]!))?.length),
+      5_000,
+      `every member to hand over its asked shards (${released()})`,
+    );
+    await until(
+      () => olds.reduce((sum, g) => sum + g.leading.size, 0) === N,
+      15_000,
+      "every shard led again",
+    );
+  } finally {
+    await Promise.all(olds.map((g) => g.shutdown()));
+    await Promise.all([foreign, own].map((c) => c.end().catch(() => {})));
+  }
+});
+
+function idOf(group: LeaderGroup): number {
+  return group.memberId!;
+}
