@@ -483,7 +483,14 @@ export class GroupMember {
    * {@linkcode #hearAsk}): handed over by the next tick before it reads pg_locks.
    */
   #ask:
-    | { pid: number; joiner: number; keys: number[]; seen: Observation; termsEpoch: number }
+    | {
+      pid: number;
+      joiner: number;
+      digest: string;
+      keys: number[];
+      seen: Observation;
+      termsEpoch: number;
+    }
     | undefined;
   /** A bell's wake deferred by {@linkcode #bellGapMs}. */
   #bellTimer: ReturnType<typeof setTimeout> | undefined;
@@ -1809,7 +1816,10 @@ export class GroupMember {
     if (seen === undefined) return;
     const pending = this.#ask;
     // A list whose span needs more than one payload: the same request, continued.
-    if (pending?.pid === pid && pending.joiner === ask.joiner && pending.seen === seen) {
+    if (
+      pending?.pid === pid && pending.joiner === ask.joiner && pending.digest === ask.digest &&
+      pending.seen === seen
+    ) {
       pending.keys.push(...ask.keys);
       return;
     }
@@ -1818,6 +1828,7 @@ export class GroupMember {
     this.#ask = {
       pid,
       joiner: ask.joiner,
+      digest: ask.digest,
       keys: [...ask.keys],
       seen,
       termsEpoch: this.#termsEpoch,
