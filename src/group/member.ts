@@ -1840,15 +1840,15 @@ export class GroupMember {
    * Hands over the shards of a joiner's request at once, as the tick after the join would (their
    * terms end, they drain, then they are unlocked and the `released` bell names them), once the
    * server says that the requester is a session of this member's role. The tick's read of
-   * pg_locks then comes when the next regular tick would have, or at a random point between a
-   * quarter and half a health interval if that is later (the lease, at least two intervals, is
-   * renewed within one and a half), unless something wakes it sooner: at a join every old member
-   * read the whole lock table at once, and those reads shared the cores with the joiner's polls.
+   * pg_locks then comes at a random point between a quarter and half a health interval later, or
+   * at the regular tick if that is sooner (only a read renews the lease), unless something wakes
+   * it sooner: at a join every old member read the whole lock table at once, and those reads
+   * shared the cores with the joiner's polls.
    */
   async #handOverAsked(
     ask: { pid: number; keys: number[]; seen: Observation; termsEpoch: number },
   ): Promise<void> {
-    const { clock, handoverPollMs, healthIntervalMs } = this.#config;
+    const { clock, healthIntervalMs } = this.#config;
     if (ask.termsEpoch !== this.#termsEpoch) return;
     if (!(await this.#query((s) => sameRole(s, ask.pid)))) return;
     // Terms may have ended while the statement ran (a fenced call's failure, a stop).
@@ -1864,8 +1864,11 @@ export class GroupMember {
     // The bell's tick is this one, later: not at a bell's timer among the other old members'.
     clearTimeout(this.#bellTimer);
     this.#bellTimer = undefined;
-    const next = Math.max(
-      clock() + Math.max(2 * handoverPollMs, healthIntervalMs * (1 + Math.random()) / 4),
+    // Never later than the regular tick: the lease was renewed by the last tick's read, and
+    // only the next one renews it (reading later lost the lease at a join: 8 old members of 30
+    // in an attack at healthIntervalMs 100, leaseMs 200).
+    const next = Math.min(
+      clock() + healthIntervalMs * (1 + Math.random()) / 4,
       this.#tickStartedAt + healthIntervalMs,
     );
     await sleep(next - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
