@@ -33,6 +33,19 @@ const RETRY_TIMEOUT_MS = 3_000;
 const LEASE_MS = 3_000;
 /** The promise: a candidate leads on the new primary within ttl + loop_wait + lease. */
 const BOUND_MS = TTL_MS + LOOP_WAIT_MS + LEASE_MS;
+
+/**
+ * {@linkcode BOUND_MS}, unless HAProxy routed to the new primary later than ttl + loop_wait
+ * (Patroni itself promoting late: 15.2 s after the kill once, on a machine shared with an attack
+ * helper, and a candidate led 53 ms after the routing): what the library promises then starts at
+ * the routing.
+ *
+ * @param routedMs When HAProxy routed to the new primary, from the phase's start.
+ * @returns The bound.
+ */
+function boundAfter(routedMs: number): number {
+  return Math.max(TTL_MS + LOOP_WAIT_MS, routedMs) + LEASE_MS;
+}
 const TIMINGS: Partial<CandidateConfig> = {
   leaseMs: LEASE_MS,
   healthIntervalMs: 1_000,
@@ -220,10 +233,12 @@ Deno.test({
             } ms (timeline ${timeline}, token ${led.token})`,
         );
         assert(
-          phase.ledAfterMs <= BOUND_MS,
+          phase.ledAfterMs <= boundAfter(routedMs),
           `${what}: led after ${
             Math.round(phase.ledAfterMs)
-          } ms, more than ttl + loop_wait + lease = ${BOUND_MS}`,
+          } ms, more than max(ttl + loop_wait, HAProxy's routing after ${
+            Math.round(routedMs)
+          } ms) + lease = ${Math.round(boundAfter(routedMs))}`,
         );
         assert(
           Number(led.token >> 40n) === timeline,
@@ -283,7 +298,7 @@ Deno.test({
         await Promise.all(members.map((m) => m.process.status));
         await Promise.all(members.map((m) => m.drained()));
         const report = checkTerms(members.map((m) => m.log()), {
-          maxLeaderlessMs: BOUND_MS,
+          maxLeaderlessMs: Math.max(...phases.map((p) => boundAfter(p.routedMs))),
           to: stopAt,
         });
         console.log(
