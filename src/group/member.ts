@@ -102,11 +102,11 @@ import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
 import { HandoverNotices } from "./handover_notices.ts";
+import { joinAsks, parseAsk } from "./join_asks.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
 import { movedSessionError, sharedSessionError } from "../pg/pooler.ts";
 import {
   acquire,
-  askPayloads,
   bellChannel,
   type BellKind,
   join,
@@ -117,7 +117,6 @@ import {
   type MemberSession,
   type Observation,
   observe,
-  parseAsk,
   parseBell,
   release,
   releaseAndLeave,
@@ -1763,16 +1762,7 @@ export class GroupMember {
     if (this.#config.takeover === "safe" || !kept?.base.members.includes(this.#memberId)) {
       return [];
     }
-    const asks = new Map<number, number[]>();
-    for (const [k, id] of kept.holderOf) {
-      if (id === this.#memberId || kept.assignment.ownerOf.get(k) !== this.#memberId) continue;
-      const list = asks.get(id);
-      if (list) list.push(k);
-      else asks.set(id, [k]);
-    }
-    const digest = membersDigest(kept.base.members) +
-      holdingsDigest(this.#config.shards, kept.holderOf);
-    return askPayloads(this.#memberId, digest, asks);
+    return joinAsks(this.#config.shards, this.#memberId, kept.assignment, kept.holderOf);
   }
 
   /**

@@ -3,13 +3,8 @@
  * (anyone with CONNECT can notify on it).
  */
 import assert from "node:assert/strict";
-import {
-  askPayloads,
-  bellChannel,
-  parseAsk,
-  parseBell,
-  parseHandover,
-} from "../../src/group/protocol.ts";
+import { bellChannel, parseBell, parseHandover } from "../../src/group/protocol.ts";
+import { askPayloads, parseAsk } from "../../src/group/join_asks.ts";
 import { LeaderGroup } from "../../src/group/leader_group.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { startPostgres } from "../../testing.ts";

@@ -12,7 +12,8 @@ import {
   keepHolding,
   membersDigest,
 } from "../../src/group/balance.ts";
-import { askPayloads, bellChannel } from "../../src/group/protocol.ts";
+import { bellChannel } from "../../src/group/protocol.ts";
+import { askPayloads } from "../../src/group/join_asks.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { checkShards, isBalanced, MemberProcess, violations, waitForView } from "./_harness.ts";
 
