@@ -107,6 +107,7 @@ import { RingWatcher, watcherSettings } from "./watcher.ts";
 import { movedSessionError, sharedSessionError } from "../pg/pooler.ts";
 import {
   acquire,
+  askSender,
   bellChannel,
   type BellKind,
   join,
@@ -121,7 +122,6 @@ import {
   release,
   releaseAndLeave,
   ring,
-  sameRole,
   setUp,
   unlistenStatement,
 } from "./protocol.ts";
@@ -1828,19 +1828,31 @@ export class GroupMember {
 
   /**
    * Hands over the shards of a joiner's request at once, as the tick after the join would (their
-   * terms end, they drain, then they are unlocked and the `released` bell names them), once the
-   * server says that the requester is a session of this member's role. The tick's read of
+   * terms end, they drain, then they are unlocked and the `released` bell names them), when it
+   * names no more than this member's excess over its share with the joiner and the server says
+   * that the requester is a session of this member's role and that the joiner's member lock is
+   * held ({@linkcode askSender}). The tick's read of
    * pg_locks then comes at a random point between a quarter and half a health interval later, or
    * at the regular tick if that is sooner (only a read renews the lease), unless something wakes
    * it sooner: at a join every old member read the whole lock table at once, and those reads
    * shared the cores with the joiner's polls.
    */
   async #handOverAsked(
-    ask: { pid: number; keys: number[]; seen: Observation; termsEpoch: number },
+    ask: { pid: number; joiner: number; keys: number[]; seen: Observation; termsEpoch: number },
   ): Promise<void> {
-    const { clock, healthIntervalMs } = this.#config;
+    const { clock, healthIntervalMs, key1, shards } = this.#config;
     if (ask.termsEpoch !== this.#termsEpoch) return;
-    if (!(await this.#query((s) => sameRole(s, ask.pid)))) return;
+    // No more than a join moves from this member: what it holds beyond its smallest share with
+    // the joiner (a request naming every shard made members drop all of them).
+    const { min } = fairShare(shards.length, ask.seen.members.length + 1);
+    if (new Set(ask.keys).size > ask.seen.mine.length - min) return;
+    try {
+      if (!(await this.#query((s) => askSender(s, key1, ask.pid, ask.joiner)))) return;
+    } catch (error) {
+      if (error instanceof SessionEnded || error instanceof LeaseExpired) throw error;
+      // A full lock table (the probe takes an entry), a hostile setting: the tick decides.
+      return;
+    }
     // Terms may have ended while the statement ran (a fenced call's failure, a stop).
     const mine = new Set(ask.seen.mine);
     const keys = [...new Set(ask.keys)].filter((k) => this.#terms.has(k) && mine.has(k));

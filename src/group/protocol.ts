@@ -806,29 +806,47 @@ export async function inspect(session: LockSession, key1: number): Promise<Inspe
 }
 
 /**
- * Whether backend `$1` is a session of this session's role (`session_user`), from the
- * statistics functions, as {@linkcode OBSERVE}'s `same_role`: only those are trusted with a
- * handover request (another role can end a member's backend only as a superuser or with
- * pg_signal_backend).
+ * Whether a handover request can be trusted: backend `$1` is a session of this session's role
+ * (`session_user`, from the statistics functions, as {@linkcode OBSERVE}'s `same_role`: another
+ * role can end a member's backend only as a superuser or with pg_signal_backend), and the
+ * joiner's member lock (`$2`) is held exclusively by some session: a shared try-lock of it fails
+ * (when it succeeds, the same statement unlocks it). Without the member lock, any made-up joiner id
+ * passed, and one session of the members' role made every member drop all its shards about every
+ * second tick. Neither needs a read of pg_locks (a scan of the whole lock table, in every old member
+ * at once).
  */
-export const SAME_ROLE = `
-SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 0 AS same_role
-  FROM pg_catalog.pg_stat_get_backend_idset() AS b(id)
- WHERE pg_catalog.pg_stat_get_backend_pid(b.id) OPERATOR(pg_catalog.=) $1::pg_catalog.int4
-   AND pg_catalog.pg_stat_get_backend_userid(b.id) OPERATOR(pg_catalog.=) (
-     SELECT pg_catalog.pg_stat_get_backend_userid(s.id)
-       FROM pg_catalog.pg_stat_get_backend_idset() AS s(id)
-      WHERE pg_catalog.pg_stat_get_backend_pid(s.id)
-            OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())`;
+export const ASK_SENDER = `
+WITH probe AS (
+  SELECT pg_catalog.pg_try_advisory_lock_shared($2::pg_catalog.int8) AS got
+), undone AS (
+  SELECT pg_catalog.pg_advisory_unlock_shared($2::pg_catalog.int8) AS ok FROM probe WHERE probe.got
+)
+SELECT (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 0
+          FROM pg_catalog.pg_stat_get_backend_idset() AS b(id)
+         WHERE pg_catalog.pg_stat_get_backend_pid(b.id) OPERATOR(pg_catalog.=) $1::pg_catalog.int4
+           AND pg_catalog.pg_stat_get_backend_userid(b.id) OPERATOR(pg_catalog.=) (
+             SELECT pg_catalog.pg_stat_get_backend_userid(s.id)
+               FROM pg_catalog.pg_stat_get_backend_idset() AS s(id)
+              WHERE pg_catalog.pg_stat_get_backend_pid(s.id)
+                    OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())) AS same_role,
+       (SELECT NOT probe.got FROM probe) AS member_held,
+       (SELECT pg_catalog.count(*) FROM undone) AS undone`;
 
 /**
- * Runs {@linkcode SAME_ROLE}.
+ * Runs {@linkcode ASK_SENDER}.
  *
  * @param session The session.
- * @param pid Another backend's pid.
- * @returns Whether that backend's session is of this session's role.
+ * @param key1 The group's key1.
+ * @param pid The backend that sent the request.
+ * @param joiner The joiner's member id the request names.
+ * @returns Whether the request is trusted.
  */
-export async function sameRole(session: LockSession, pid: number): Promise<boolean> {
-  const [row] = await session.query(SAME_ROLE, [pid]);
-  return row?.same_role === true;
+export async function askSender(
+  session: LockSession,
+  key1: number,
+  pid: number,
+  joiner: number,
+): Promise<boolean> {
+  const [row] = await session.query(ASK_SENDER, [pid, memberKey(key1, joiner)]);
+  return row?.same_role === true && row?.member_held === true;
 }

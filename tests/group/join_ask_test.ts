@@ -12,7 +12,7 @@ import {
   keepHolding,
   membersDigest,
 } from "../../src/group/balance.ts";
-import { bellChannel } from "../../src/group/protocol.ts";
+import { bellChannel, memberKey } from "../../src/group/protocol.ts";
 import { askPayloads } from "../../src/group/join_asks.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { checkShards, isBalanced, MemberProcess, violations, waitForView } from "./_harness.ts";
@@ -121,7 +121,7 @@ Deno.test({
 
 Deno.test({
   name:
-    "A handover request moves nothing from a session of another role or with another view's digest, and moves shards from a session of the members' role",
+    "A handover request moves nothing from another role, with another view's digest, for a joiner without a member lock or for more than the member's excess; it moves shards otherwise",
   sanitizeResources: false,
   sanitizeOps: false,
 }, async () => {
@@ -138,50 +138,94 @@ Deno.test({
     client.on("error", () => {});
     await client.connect();
   }
-  try {
-    // The requests a joiner with member id 12345 would send: each member's excess over the
-    // assignment with it, under the digest of the members' own view.
-    const joinerId = 12345;
+  const shards = Array.from({ length: N }, (_, k) => k);
+  /**
+   * Per member, the shards it released while its view still showed three members: at a request
+   * (a member lock held long enough to be read makes the members hand over at their own ticks
+   * too, after their view shows a fourth member; those are not counted).
+   */
+  const released = () =>
+    logs.map((log) => {
+      let members = 3;
+      let count = 0;
+      for (const e of log) {
+        if (e.startsWith("members:")) members = Number(e.slice("members:".length));
+        else if (e.startsWith("released:") && members === 3) count++;
+      }
+      return count;
+    });
+  /**
+   * Sends, from `client`, the requests a joiner `joinerId` would send now (each member's excess
+   * over the assignment with it, under the digest of the members' own view, read from pg_locks),
+   * or as `how` spoils them; with `lock`, the statement also takes the joiner's member lock, held
+   * until `unlock()` (the members' views must not see it before the requests arrive).
+   */
+  const forge = async (
+    client: PgClient,
+    joinerId: number,
+    how: { lock: boolean; digest?: "wrong"; keys?: "all" },
+  ): Promise<Map<number, number[]>> => {
     const { ids, holderOf } = await view(pg, key1);
     assert.equal(ids.length, 3);
-    const shards = Array.from({ length: N }, (_, k) => k);
     const withJoiner = [...ids, joinerId].sort((a, b) => a - b);
     const after = keepHolding(assignShards(shards, withJoiner), holderOf);
     const asks = new Map<number, number[]>();
     for (const [k, id] of holderOf) {
-      if (after.ownerOf.get(k) === joinerId) asks.set(id, [...(asks.get(id) ?? []), k]);
-    }
-    const digest = membersDigest(withJoiner) + holdingsDigest(shards, holderOf);
-    const send = async (client: PgClient, payloads: string[]) => {
-      for (const p of payloads) {
-        await client.query("SELECT pg_notify($1, $2)", [bellChannel(key1), p]);
+      if (how.keys === "all" || after.ownerOf.get(k) === joinerId) {
+        asks.set(id, [...(asks.get(id) ?? []), k]);
       }
-    };
-    const released = () => logs.map((log) => log.filter((e) => e.startsWith("released:")).length);
-
-    await send(foreign, askPayloads(joinerId, digest, asks));
-    await pause(3 * HEALTH_MS);
+    }
+    let digest = membersDigest(withJoiner) + holdingsDigest(shards, holderOf);
+    if (how.digest === "wrong") digest = (digest[0] === "0" ? "1" : "0") + digest.slice(1);
+    await client.query(
+      `WITH l AS (SELECT CASE WHEN $4 THEN pg_advisory_lock($3::int8) END)
+       SELECT count(pg_notify($1, p)) FROM unnest($2::text[]) AS p, l`,
+      [bellChannel(key1), askPayloads(joinerId, digest, asks), memberKey(key1, joinerId), how.lock],
+    );
+    return asks;
+  };
+  /** Drops the forged member lock, then waits until the members are quiet again. */
+  const settle = async (client: PgClient) => {
+    await pause(HEALTH_MS);
+    await client.query("SELECT pg_advisory_unlock_all()");
+    await until(
+      () => olds.every((g) => g.leading.size === N / 3),
+      15_000,
+      "the three members balanced again",
+    );
+    await pause(5 * HEALTH_MS);
+  };
+  try {
+    await forge(foreign, 12345, { lock: true });
+    await settle(foreign);
     assert.deepEqual(released(), [0, 0, 0], "another role's request moved shards");
 
-    const wrong = (digest[0] === "0" ? "1" : "0") + digest.slice(1);
-    await send(own, askPayloads(joinerId, wrong, asks));
-    await pause(3 * HEALTH_MS);
+    await forge(own, 12346, { lock: true, digest: "wrong" });
+    await settle(own);
     assert.deepEqual(released(), [0, 0, 0], "a request of another view moved shards");
 
-    // The same requests from the members' role are trusted (that role can end their backends
-    // anyway): every member hands over what it was asked for. No member 12345 takes them, so
-    // the members lead them again.
-    await send(own, askPayloads(joinerId, digest, asks));
+    await forge(own, 12347, { lock: false });
+    await settle(own);
+    assert.deepEqual(
+      released(),
+      [0, 0, 0],
+      "a request for a joiner without a member lock moved shards",
+    );
+
+    await forge(own, 12348, { lock: true, keys: "all" });
+    await settle(own);
+    assert.deepEqual(released(), [0, 0, 0], "a request for every shard moved shards");
+
+    // The members' role, a joiner's member lock, the view's digest, each member's excess: trusted
+    // (that role can end their backends anyway). Every member hands over what it was asked for
+    // before its view shows the joiner, and leads its share again once the lock is gone.
+    const asks = await forge(own, 12349, { lock: true });
     await until(
-      () => released().every((count, i) => count === asks.get(idOf(olds[i]!))?.length),
+      () => released().every((count, i) => count === asks.get(olds[i]!.memberId!)?.length),
       5_000,
       `every member to hand over its asked shards (${released()})`,
     );
-    await until(
-      () => olds.reduce((sum, g) => sum + g.leading.size, 0) === N,
-      15_000,
-      "every shard led again",
-    );
+    await settle(own);
   } finally {
     await Promise.all(olds.map((g) => g.shutdown()));
     await Promise.all([foreign, own].map((c) => c.end().catch(() => {})));
@@ -244,7 +288,3 @@ Deno.test({
     await Promise.all(all.map((m) => m.dispose()));
   }
 });
-
-function idOf(group: LeaderGroup): number {
-  return group.memberId!;
-}
