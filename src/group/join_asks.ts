@@ -18,14 +18,14 @@ import { HANDOVER, handoverNotices, parseHandover } from "./protocol.ts";
  * @param joiner The joiner's member id.
  * @param assignment The assignment with the joiner.
  * @param holderOf For each held shard, the member id that held it in the joiner's look.
- * @returns The payloads ({@linkcode askPayloads}).
+ * @returns The payloads ({@linkcode askPayloads}) and every shard they ask for.
  */
 export function joinAsks(
   shards: readonly number[],
   joiner: number,
   assignment: Assignment,
   holderOf: ReadonlyMap<number, number>,
-): string[] {
+): { payloads: string[]; asked: number[] } {
   const asks = new Map<number, number[]>();
   for (const [k, id] of holderOf) {
     if (id === joiner || assignment.ownerOf.get(k) !== joiner) continue;
@@ -34,7 +34,7 @@ export function joinAsks(
     else asks.set(id, [k]);
   }
   const digest = membersDigest(assignment.members) + holdingsDigest(shards, holderOf);
-  return askPayloads(joiner, digest, asks);
+  return { payloads: askPayloads(joiner, digest, asks), asked: [...asks.values()].flat() };
 }
 
 /** The prefix of a join's handover request ({@linkcode askPayloads}). */

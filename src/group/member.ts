@@ -1134,6 +1134,7 @@ export class GroupMember {
 
   async #ticks(): Promise<void> {
     const { key1, shards, healthIntervalMs, handoverPollMs, clock } = this.#config;
+    await this.#takeAsked();
     while (!this.#stop.signal.aborted) {
       const woken = this.#wake.signal.aborted;
       if (woken) this.#wake = new AbortController();
@@ -1757,12 +1758,50 @@ export class GroupMember {
    * member gives to this one. None in safe mode (a move there waits for views that have seen the
    * join), nor without a look made for this member id.
    */
+  /** The shards this member's join asked for ({@linkcode #asks}): taken by {@linkcode #takeAsked}. */
+  #asked: number[] = [];
+
+  /**
+   * Right after a join that asked old members for shards, before the first tick: try-locks the
+   * shards asked for at each `released` bell (a poll period apart at most) until all are taken,
+   * half a health interval passed, or something wakes the ticks (a member went, another joined).
+   * The first tick's read of pg_locks, sent at once, came back before the old members' unlocks (a
+   * read of 10,000 shards while ten old members handed over: 100-200 ms), so the joiner took its
+   * share only by the polls after that tick's work; now the first tick finds it held.
+   */
+  async #takeAsked(): Promise<void> {
+    const { clock, handoverPollMs, healthIntervalMs } = this.#config;
+    let pending = this.#asked;
+    this.#asked = [];
+    const until = clock() + healthIntervalMs / 2;
+    while (pending.length > 0 && clock() < until) {
+      await sleep(Math.min(handoverPollMs, until - clock()), [
+        this.#stop.signal,
+        this.#sessionLost,
+        this.#wake.signal,
+        this.#pollNow.signal,
+      ]);
+      if (this.#stop.signal.aborted || this.#wake.signal.aborted) return;
+      if (this.#sessionLost.aborted) throw new SessionEnded(this.#owner.lastError);
+      if (this.#pollNow.signal.aborted) this.#pollNow = new AbortController();
+      const got = new Set(await this.#acquire(pending));
+      pending = pending.filter((k) => !got.has(k) && !this.#terms.has(k));
+    }
+  }
+
   #asks(): string[] {
     const kept = this.#kept;
     if (this.#config.takeover === "safe" || !kept?.base.members.includes(this.#memberId)) {
       return [];
     }
-    return joinAsks(this.#config.shards, this.#memberId, kept.assignment, kept.holderOf);
+    const { payloads, asked } = joinAsks(
+      this.#config.shards,
+      this.#memberId,
+      kept.assignment,
+      kept.holderOf,
+    );
+    this.#asked = asked;
+    return payloads;
   }
 
   /**
@@ -1832,10 +1871,9 @@ export class GroupMember {
    * names no more than this member's excess over its share with the joiner and the server says
    * that the requester is a session of this member's role and that the joiner's member lock is
    * held ({@linkcode askSender}). The tick's read of
-   * pg_locks then comes at a random point between a quarter and half a health interval later, or
-   * at the regular tick if that is sooner (only a read renews the lease), unless something wakes
-   * it sooner: at a join every old member read the whole lock table at once, and those reads
-   * shared the cores with the joiner's polls.
+   * pg_locks then comes at the regular tick (only a read renews the lease), unless something
+   * wakes it sooner: at a join every old member read the whole lock table at once, and those
+   * reads shared the cores with the joiner's try-locks.
    */
   async #handOverAsked(
     ask: { pid: number; joiner: number; keys: number[]; seen: Observation; termsEpoch: number },
@@ -1866,13 +1904,12 @@ export class GroupMember {
     // The bell's tick is this one, later: not at a bell's timer among the other old members'.
     clearTimeout(this.#bellTimer);
     this.#bellTimer = undefined;
-    // Never later than the regular tick: the lease was renewed by the last tick's read, and
-    // only the next one renews it (reading later lost the lease at a join: 8 old members of 30
-    // in an attack at healthIntervalMs 100, leaseMs 200).
-    const next = Math.min(
-      clock() + healthIntervalMs * (1 + Math.random()) / 4,
-      this.#tickStartedAt + healthIntervalMs,
-    );
+    // At the regular tick, not later: the lease was renewed by the last tick's read, and only
+    // the next one renews it (reading later lost the lease at a join: 8 old members of 30 in an
+    // attack at healthIntervalMs 100, leaseMs 200). Not sooner either: the old members' ticks
+    // then fall where their regular ticks were, spread over the interval, not among the joiner's
+    // try-locks (a quarter to half an interval after the handover, they did).
+    const next = this.#tickStartedAt + healthIntervalMs;
     await sleep(next - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
   }
 

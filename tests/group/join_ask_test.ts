@@ -87,12 +87,24 @@ Deno.test({
   const olds = await quietGroup(pg, key1, 3);
   const logs = olds.map(record);
   const joiner = new LeaderGroup({ dsn: pg.dsn, key1, shards: N, healthIntervalMs: HEALTH_MS });
+  const joinerLog: string[] = [];
+  joiner.addEventListener("acquired", (e) => joinerLog.push(`acquired:${e.key2}`));
+  joiner.addEventListener("membershipchange", (e) => joinerLog.push(`members:${e.members.length}`));
   try {
     await joiner.start();
     await until(
       () => joiner.leading.size === N / 4 && olds.every((g) => g.leading.size === N / 4),
       10_000,
       "four members balanced",
+    );
+    // The joiner took what it asked for before its first tick (whose assignment dispatches its
+    // first membershipchange): without that, its first read came back before the old members'
+    // unlocks, and it took its share only after that tick's work.
+    await until(() => joinerLog.includes("members:4"), 5_000, "the joiner's first tick");
+    const beforeFirstTick = joinerLog.indexOf("members:4");
+    assert.ok(
+      beforeFirstTick >= 2 * (N / 3 - N / 4),
+      `the joiner led ${beforeFirstTick} shards before its first tick: ${joinerLog.join(" ")}`,
     );
     // The old members' next ticks read the new membership (a request defers them).
     await until(
