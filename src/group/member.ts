@@ -1752,12 +1752,6 @@ export class GroupMember {
     return holderOf;
   }
 
-  /**
-   * The joiner's handover requests ({@linkcode askPayloads}), from the look before the join: for
-   * each old member, the shards its view showed that member hold and the assignment with this
-   * member gives to this one. None in safe mode (a move there waits for views that have seen the
-   * join), nor without a look made for this member id.
-   */
   /** The shards this member's join asked for ({@linkcode #asks}): taken by {@linkcode #takeAsked}. */
   #asked: number[] = [];
 
@@ -1789,6 +1783,12 @@ export class GroupMember {
     }
   }
 
+  /**
+   * The joiner's handover requests ({@linkcode joinAsks}), from the look before the join: for
+   * each old member, the shards its view showed that member hold and the assignment with this
+   * member gives to this one. None in safe mode (a move there waits for views that have seen the
+   * join), nor without a look made for this member id.
+   */
   #asks(): string[] {
     const kept = this.#kept;
     if (this.#config.takeover === "safe" || !kept?.base.members.includes(this.#memberId)) {
