@@ -1758,7 +1758,8 @@ export class GroupMember {
   /**
    * Right after a join that asked old members for shards, before the first tick: try-locks the
    * shards asked for at each `released` bell (a poll period apart at most) until all are taken,
-   * half a health interval passed, or something wakes the ticks (a member went, another joined).
+   * half a health interval passed, four tries in a row took nothing, or something wakes the
+   * ticks (a member went, another joined).
    * The first tick's read of pg_locks, sent at once, came back before the old members' unlocks (a
    * read of 10,000 shards while ten old members handed over: 100-200 ms), so the joiner took its
    * share only by the polls after that tick's work; now the first tick finds it held.
@@ -1768,7 +1769,10 @@ export class GroupMember {
     let pending = this.#asked;
     this.#asked = [];
     const until = clock() + healthIntervalMs / 2;
-    while (pending.length > 0 && clock() < until) {
+    // Four tries in a row that took nothing: the old members are not handing these over (their
+    // views differ from the joiner's look): the first tick computes the share from a fresh read.
+    let empty = 0;
+    while (pending.length > 0 && clock() < until && empty < 4) {
       await sleep(Math.min(handoverPollMs, until - clock()), [
         this.#stop.signal,
         this.#sessionLost,
@@ -1779,6 +1783,7 @@ export class GroupMember {
       if (this.#sessionLost.aborted) throw new SessionEnded(this.#owner.lastError);
       if (this.#pollNow.signal.aborted) this.#pollNow = new AbortController();
       const got = new Set(await this.#acquire(pending));
+      empty = got.size === 0 ? empty + 1 : 0;
       pending = pending.filter((k) => !got.has(k) && !this.#terms.has(k));
     }
   }
