@@ -1896,6 +1896,11 @@ export class GroupMember {
       // A full lock table (the probe takes an entry), a hostile setting: the tick decides.
       return;
     }
+    // The regular tick is due (the check took long: a loaded server): its read goes first, with
+    // the lease it would have had. Handing over first delayed it by the unlock's statements too,
+    // and a member lost its lease at a join on a loaded machine (attack helper-21, 2 of 7 runs
+    // at healthIntervalMs 200).
+    if (clock() > this.#tickStartedAt + healthIntervalMs) return;
     // Terms may have ended while the statement ran (a fenced call's failure, a stop).
     const mine = new Set(ask.seen.mine);
     const keys = [...new Set(ask.keys)].filter((k) => this.#terms.has(k) && mine.has(k));
@@ -2367,6 +2372,12 @@ export class GroupMember {
 
   /** Starts the term of a shard this session holds under `token`: `acquired`. */
   #announce(key2: number, token: bigint): void {
+    // Checked per shard, not once per batch: a process stopped (SIGSTOP, a long pause) in the
+    // middle of announcing a chunk went on after the pause with the rest, its lease long over
+    // and the shards taken since by others (attack helper-21: a joiner frozen 400 ms at a 200 ms
+    // lease announced 118 shards others held with greater tokens). Left unannounced, such a shard
+    // is a lock without a term, unlocked by the next tick.
+    if (!this.#lease.valid || this.#sessionLost.aborted) return;
     this.#terms.set(key2, { token, session: this.#session });
     this.#termsEpoch++;
     this.#observer.acquired(key2, token);
