@@ -2412,8 +2412,19 @@ export class GroupMember {
 
   /** Ends the terms of `keys` on purpose; their unlock is queued in #released. */
   #releaseTerms(keys: readonly number[], reason: ShardReleaseReason): void {
+    // A term whose lease ran out (the process was paused past it: the server may have ended the
+    // session and others taken the shard) was not held until now: it is lost, not released (a
+    // member SIGTERMed right after a pause past its lease reported `released` at its shutdown).
+    // Its lock is unlocked all the same, if still held.
+    const expired = this.#terms.size > 0 && !this.#lease.valid;
+    // One wrapped error for every term's event, as #loseAll.
+    const cause = expired ? causeOf(new LeaseExpired()) : undefined;
+    const wrapped = cause === undefined ? undefined : wrap(cause);
     for (const key2 of keys) {
-      if (this.#endTerm(key2, "released", reason, undefined)) this.#released.push(key2);
+      const ended = expired
+        ? this.#endTerm(key2, "lost", "lease-expired", cause, wrapped)
+        : this.#endTerm(key2, "released", reason, undefined);
+      if (ended) this.#released.push(key2);
     }
   }
 
