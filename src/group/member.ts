@@ -1436,10 +1436,11 @@ export class GroupMember {
           seen,
           termsEpoch: this.#termsEpoch,
           // What a joiner's handover request is checked against (#hearAsk), made now rather
-          // than when one comes, as every old member hears its own at once.
-          holdings: this.#config.takeover === "safe"
+          // than when one comes, as every old member hears its own at once; from the holdings
+          // this tick's assignment kept (a quiet tick never finds the lock table full).
+          holdings: this.#config.takeover === "safe" || this.#kept === undefined
             ? undefined
-            : holdingsDigest(shards, this.#holdersById(seen)),
+            : holdingsDigest(shards, this.#kept.holderOf),
         }
         : undefined;
       const watched = nextInRing(this.#ringMembers!, this.#memberId);

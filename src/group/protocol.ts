@@ -60,6 +60,21 @@ SELECT r.read_only,
             AS read_only) AS r`;
 
 /**
+ * The backend pids of the sessions of this session's role (`session_user`), from the statistics
+ * functions behind pg_stat_activity's `usesysid`, which every role may read (the view itself
+ * joins shared catalogs, whose locks need lock-table entries that a full table has not got):
+ * {@linkcode OBSERVE}'s `same_role` and {@linkcode ASK_SENDER}'s check.
+ */
+const SAME_ROLE_PIDS = `
+SELECT pg_catalog.pg_stat_get_backend_pid(b.id)
+  FROM pg_catalog.pg_stat_get_backend_idset() AS b(id)
+ WHERE pg_catalog.pg_stat_get_backend_userid(b.id) OPERATOR(pg_catalog.=) (
+   SELECT pg_catalog.pg_stat_get_backend_userid(s.id)
+     FROM pg_catalog.pg_stat_get_backend_idset() AS s(id)
+    WHERE pg_catalog.pg_stat_get_backend_pid(s.id)
+          OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())`;
+
+/**
  * The tick: in one read of pg_locks, the ownership proof of every shard this session holds
  * (`mine`), the two-int4 locks of key1 other sessions hold (`others`) with their holders' pids
  * in the same order (`other_pids`: one aggregate input, two aggregates fed the same rows), and
@@ -91,15 +106,7 @@ SELECT pg_catalog.pg_backend_pid() AS backend_pid,
        pg_catalog.array_to_string(pg_catalog.array_agg(l.pid) FILTER (
          WHERE l.objsubid OPERATOR(pg_catalog.=) 1
            AND l.mode OPERATOR(pg_catalog.=) 'ExclusiveLock'
-           AND l.pid IN (
-             SELECT pg_catalog.pg_stat_get_backend_pid(b.id)
-               FROM pg_catalog.pg_stat_get_backend_idset() AS b(id)
-              WHERE pg_catalog.pg_stat_get_backend_userid(b.id) OPERATOR(pg_catalog.=) (
-                SELECT pg_catalog.pg_stat_get_backend_userid(s.id)
-                  FROM pg_catalog.pg_stat_get_backend_idset() AS s(id)
-                 WHERE pg_catalog.pg_stat_get_backend_pid(s.id)
-                       OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()))), ',')
-         AS same_role
+           AND l.pid IN (${SAME_ROLE_PIDS})), ',') AS same_role
   FROM pg_catalog.pg_locks AS l
  WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
    AND l.database OPERATOR(pg_catalog.=) $2::pg_catalog.oid
@@ -807,7 +814,7 @@ export async function inspect(session: LockSession, key1: number): Promise<Inspe
 
 /**
  * Whether a handover request can be trusted: backend `$1` is a session of this session's role
- * (`session_user`, from the statistics functions, as {@linkcode OBSERVE}'s `same_role`: another
+ * (`session_user`, {@linkcode SAME_ROLE_PIDS}, as {@linkcode OBSERVE}'s `same_role`: another
  * role can end a member's backend only as a superuser or with pg_signal_backend), and the
  * joiner's member lock (`$2`) is held exclusively by some session: a shared try-lock of it fails
  * (when it succeeds, the same statement unlocks it). Without the member lock, any made-up joiner id
@@ -821,14 +828,7 @@ WITH probe AS (
 ), undone AS (
   SELECT pg_catalog.pg_advisory_unlock_shared($2::pg_catalog.int8) AS ok FROM probe WHERE probe.got
 )
-SELECT (SELECT pg_catalog.count(*) OPERATOR(pg_catalog.>) 0
-          FROM pg_catalog.pg_stat_get_backend_idset() AS b(id)
-         WHERE pg_catalog.pg_stat_get_backend_pid(b.id) OPERATOR(pg_catalog.=) $1::pg_catalog.int4
-           AND pg_catalog.pg_stat_get_backend_userid(b.id) OPERATOR(pg_catalog.=) (
-             SELECT pg_catalog.pg_stat_get_backend_userid(s.id)
-               FROM pg_catalog.pg_stat_get_backend_idset() AS s(id)
-              WHERE pg_catalog.pg_stat_get_backend_pid(s.id)
-                    OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())) AS same_role,
+SELECT $1::pg_catalog.int4 IN (${SAME_ROLE_PIDS}) AS same_role,
        (SELECT NOT probe.got FROM probe) AS member_held,
        (SELECT pg_catalog.count(*) FROM undone) AS undone`;
 

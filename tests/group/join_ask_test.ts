@@ -16,17 +16,10 @@ import { bellChannel, memberKey } from "../../src/group/protocol.ts";
 import { askPayloads } from "../../src/group/join_asks.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { checkShards, isBalanced, MemberProcess, violations, waitForView } from "./_harness.ts";
+import { until } from "../_helpers.ts";
 
 const N = 60;
 const HEALTH_MS = 300;
-
-async function until(predicate: () => boolean, timeoutMs: number, what: string): Promise<void> {
-  const end = performance.now() + timeoutMs;
-  while (!predicate()) {
-    if (performance.now() > end) throw new Error(`Timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
-}
 
 const pause = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
