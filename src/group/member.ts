@@ -2184,15 +2184,9 @@ export class GroupMember {
     };
     const send = (chunk: number[]) => {
       const sentAt = clock();
-      const wire = Promise.withResolvers<void>();
-      const answer = this.#query((s) => {
-        const answered = acquire(s, key1, chunk);
-        wire.resolve(); // npm:pg wrote the statement (it writes synchronously once queried)
-        return answered;
-      });
+      const answer = this.#query((s) => acquire(s, key1, chunk));
       answer.catch(() => {}); // awaited below; never an unhandled rejection meanwhile
-      answer.finally(wire.resolve).catch(() => {});
-      return { chunk, sentAt, answer, onWire: wire.promise };
+      return { chunk, sentAt, answer };
     };
     let full: unknown;
     let answeredAt = clock();
@@ -2245,14 +2239,8 @@ export class GroupMember {
       // Or a member went: the takeover of its shards goes first.
       const yieldNow = yielding && (this.#joinHeard || this.#gone !== undefined);
       const next = yieldNow ? undefined : chunks.shift();
-      if (next !== undefined) {
-        request = send(next);
-        // The next statement goes on the wire before this chunk's announcements: the session's
-        // turn comes after a few microtasks, and announcing first held a takeover's second
-        // statement back 13-20 ms at 10,000 shards. Not past a macrotask: a fenced transaction
-        // of the work holding the session must not hold the announcements back.
-        await untilOrMacrotask(request.onWire);
-      } else if (chunks.length > 0) this.#untried = new Set(chunks.flat());
+      if (next !== undefined) request = send(next);
+      else if (chunks.length > 0) this.#untried = new Set(chunks.flat());
       announceDue();
       this.#unannounced = unannounced();
     }
@@ -2514,18 +2502,6 @@ async function announcingWhile(
     const next = readyAt();
     if (next !== undefined && next <= clock()) return;
   }
-}
-
-/**
- * Waits for `promise` to settle, or for the next macrotask, whichever comes first. Never rejects.
- */
-async function untilOrMacrotask(promise: Promise<unknown>): Promise<void> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  await Promise.race([
-    promise.catch(() => {}),
-    new Promise<void>((resolve) => timer = setTimeout(resolve, 0)),
-  ]);
-  clearTimeout(timer);
 }
 
 /** Whether two maps hold the same entries. */
