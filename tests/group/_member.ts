@@ -4,7 +4,7 @@
  * shared by all processes (`src/testing/_wall_clock.ts`): `starting` (just
  * before `start()`), `ready`, `membership`, `acquired`/`released`/`lost` (with `key2` and
  * `token`), `lease` (the wall-clock moment the lease of every held shard runs out unless
- * renewed), `error`, `stopped`.
+ * renewed), `error`, `stopped`, and with the `stallMs` option `stall` (the event loop ran late).
  * SIGTERM shuts the group down gracefully.
  *
  * @module
@@ -45,8 +45,8 @@ function print(record: Record<string, unknown>): void {
 
 const config = JSON.parse(Deno.args[0] ?? "{}") as
   & Omit<LeaderGroupOptions, "retryStrategy">
-  & { retryMs?: number; quiet?: boolean };
-const { retryMs = 50, quiet = false, ...options } = config;
+  & { retryMs?: number; quiet?: boolean; stallMs?: number };
+const { retryMs = 50, quiet = false, stallMs, ...options } = config;
 const group = new LeaderGroup({
   ...options,
   retryStrategy: new FixedInterval({ intervalMs: retryMs }),
@@ -84,6 +84,18 @@ Deno.addSignalListener("SIGUSR2", () => {
   const { heapUsed, rss } = Deno.memoryUsage();
   print({ type: "memory", heapUsed, rss, leading: group.leading.size });
 });
+
+// With `stallMs`: a `stall` record whenever this process's event loop ran a 10 ms timer at least
+// `stallMs` late (`t` is when it ran, `ms` how late): the process was starved of CPU, and a lease
+// it lost around then says nothing about the library's schedule.
+if (stallMs !== undefined) {
+  let due = now() + 10;
+  setInterval(() => {
+    const late = now() - due;
+    if (late >= stallMs) print({ type: "stall", ms: Math.round(late) });
+    due = now() + 10;
+  }, 10);
+}
 
 let stopping = false;
 Deno.addSignalListener("SIGTERM", async () => {

@@ -17,6 +17,7 @@ import { askPayloads } from "../../src/group/join_asks.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { checkShards, isBalanced, MemberProcess, violations, waitForView } from "./_harness.ts";
 import { until } from "../_helpers.ts";
+import { wallNow } from "../../src/testing/_wall_clock.ts";
 
 const N = 60;
 const HEALTH_MS = 300;
@@ -247,6 +248,13 @@ Deno.test({
   // the bell; only that read renews its lease. Reading after the regular tick lost the lease of
   // 8 old members in 30 joins at these settings (every shard of theirs moved twice). Processes,
   // each joiner at a random point of the old members' ticks.
+  //
+  // A lease this short is also lost on a starved machine whatever the schedule: a process or its
+  // backend held off the CPU for ~80 ms misses a renewal (the suite's parallel files do that on 2
+  // cores; beside three busy loops this test lost leases in 3 runs of 3, and so did a copy with
+  // plain pauses instead of the joins). So every process here, this one too, records its event
+  // loop's stalls, and a loss counts against the schedule only if no process stalled 40 ms or
+  // more between the member's last renewal and the loss.
   await using pg = await startPostgres();
   const key1 = 7373;
   const healthIntervalMs = 100;
@@ -257,8 +265,9 @@ Deno.test({
     healthIntervalMs,
     leaseMs: 2 * healthIntervalMs,
     identity: name,
-    quiet: true,
+    stallMs: STALL_MS,
   });
+  const ownStalls = stallMonitor();
   const all = [0, 1, 2].map((i) => new MemberProcess(`old${i}`, options(`old${i}`)));
   const olds = [...all];
   try {
@@ -272,10 +281,20 @@ Deno.test({
       await joiner.leave();
       await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, `leave ${cycle}`);
     }
-    const lost = olds.flatMap((m) =>
-      m.records.filter((r) => r.type === "lost").map((r) => `${m.name}: ${JSON.stringify(r)}`)
+    const stalls = [
+      ...ownStalls.stalls,
+      ...all.flatMap((m) =>
+        m.records.flatMap((r) =>
+          r.type === "stall" ? [{ t: r.t, ms: Number((r as { ms?: number }).ms) }] : []
+        )
+      ),
+    ];
+    const unexplained = olds.flatMap((m) =>
+      lossesOf(m).filter((loss) =>
+        !stalls.some((s) => s.t >= loss.renewedAt && s.t - s.ms <= loss.t + 50)
+      ).map((loss) => `${m.name}: ${JSON.stringify(loss)}`)
     );
-    assert.deepEqual(lost, [], "an old member lost shards");
+    assert.deepEqual(unexplained, [], "an old member lost shards with no process starved");
     // The joins went through the requests: each old member handed over at least once while its
     // own view still showed three members (a `released` line after a membership line of 3).
     for (const m of olds) {
@@ -290,6 +309,41 @@ Deno.test({
     await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
     assert.deepEqual(violations(checkShards(all, 2 * healthIntervalMs)), []);
   } finally {
+    ownStalls.stop();
     await Promise.all(all.map((m) => m.dispose()));
   }
 });
+
+/** The least lateness of a 10 ms timer that counts as a stall: half of leaseMs - healthIntervalMs. */
+const STALL_MS = 40;
+
+/** A stall of an event loop: it ended at wall-clock `t`, `ms` late. */
+type Stall = { t: number; ms: number };
+
+/** Records this process's stalls as `_member.ts` does with `stallMs`, until `stop()`. */
+function stallMonitor(): { stalls: Stall[]; stop: () => void } {
+  const stalls: Stall[] = [];
+  let due = wallNow() + 10;
+  const timer = setInterval(() => {
+    const late = wallNow() - due;
+    if (late >= STALL_MS) stalls.push({ t: wallNow(), ms: late });
+    due = wallNow() + 10;
+  }, 10);
+  return { stalls, stop: () => clearInterval(timer) };
+}
+
+/**
+ * A member's lost leases: the first `lost` record of each run of them (`t`), with the moment of
+ * the member's last renewal before it (`renewedAt`, its last `lease` record).
+ */
+function lossesOf(m: MemberProcess): { t: number; renewedAt: number }[] {
+  const losses: { t: number; renewedAt: number }[] = [];
+  let renewedAt = -Infinity;
+  let losing = false;
+  for (const r of m.records) {
+    if (r.type === "lease") renewedAt = r.t;
+    if (r.type === "lost" && !losing) losses.push({ t: r.t, renewedAt });
+    losing = r.type === "lost";
+  }
+  return losses;
+}
