@@ -6,21 +6,11 @@
  *    and which shards others hold. Success renews the lease of every held shard at once.
  * 2. Computes the balanced assignment for the members that lead (balance.ts: from the member set,
  *    then kept where the shards are, so that a join or an end moves only what it must). Coverage comes
- *    before balance: a member id whose session holds no shard of the group at `adoptAfterTicks`
- *    (A) consecutive ticks (spanning A - 1 health intervals: ticks come sooner after a wake)
- *    while a shard assigned to it has been free that long (an unrelated advisory lock that
- *    looks like a member, such as `pg_advisory_lock(7)` for key1 = 0, a forged member lock, a
- *    member that cannot take its shards) counts as absent: it is left out of the assignment until
- *    its session holds a shard, and the others lead its share. So while one member is alive, no
- *    shard stays unowned longer than about (A + 1) health intervals plus the settle and a
- *    statement (about 3 H with the defaults). A real member counted absent by mistake (it holds
- *    nothing while others hold all of its share for A + 5 ticks) joins again under a new id.
- *    Only the group's shards count: a (key1, key2) lock with key2 outside them holds nothing.
- *    A member-like session that holds a shard (never counted absent) and takes none of its share
- *    strands nothing either: a shard of another member's share free for A + 3 ticks is rescued
- *    beyond the fair share and kept for a while (10 ticks, doubling each time the same shard is
- *    seen that long free again under the same membership, whoever rescued it, up to 160) before
- *    it is handed back; its member is left out of the watchers' ring under that membership.
+ *    before balance (coverage.ts): a member id whose session takes no shard of its share for
+ *    `adoptAfterTicks` ticks counts as absent and the others lead its share; a shard of a member
+ *    that holds others but does not take this one is rescued beyond the fair share. A real member
+ *    counted absent by mistake (it holds nothing while others hold all of its share for A + 5
+ *    ticks) joins again under a new id.
  * 3. Hands over the shards it holds that the assignment gives to another member: ends their
  *    terms (signal aborted, `released`), then unlocks them in one statement once their lead()
  *    work has drained (`MemberObserver.drain`, at most the lease less a health interval). The
@@ -56,7 +46,7 @@
  *    or end starts its next tick (no sooner than max(P, H / 4) after the last: anyone can notify)
  *    and moves its watcher at once; a release starts its next poll. Missing a bell only makes a
  *    member look at its next tick or poll. A flood of notifications on the channel (anyone can
- *    notify) makes it stop listening for a while ({@linkcode BELL_FLOOD_PER_S}).
+ *    notify) makes it stop listening for a while (bell_flood.ts).
  *
  * 9. Handovers skip the settle (`takeover: "fast"`): the bell after a RELEASE (and a leave's)
  *    carries handover notices naming the shards unlocked (protocol.ts, `handoverNotices`; their
@@ -101,6 +91,8 @@ import {
 import type { ShardLostReason, ShardReleaseReason } from "./events.ts";
 import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
+import { Coverage, RESCUE_EXTRA_TICKS } from "./coverage.ts";
+import { BELL_FLOOD_PER_S, BellFlood } from "./bell_flood.ts";
 import { HandoverNotices } from "./handover_notices.ts";
 import { joinAsks, parseAsk } from "./join_asks.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
@@ -219,26 +211,6 @@ const SWEEP_MS = 4 * LEAVE_GRACE_MS;
 const JOIN_TRIES = 8;
 /** How many ticks an adopted shard is kept before it is handed to its assigned member. */
 const ADOPTED_HOLD_TICKS = 3;
-/**
- * For how many ticks after this member unlocked a shard it does not count the shard's free time
- * against the member it is assigned to (that member takes it at its next tick or poll).
- */
-const HANDOVER_GRACE_TICKS = 2;
-/**
- * How many ticks beyond `adoptAfterTicks` a shard assigned to another member that holds shards
- * stays free before this member rescues it beyond its fair share (a forged member lock in a
- * session that holds a shard of the group: it takes nothing more, and is never counted absent).
- */
-export const RESCUE_EXTRA_TICKS = 3;
-/**
- * How many ticks a rescued shard is kept at first before it is handed to its assigned member
- * (views that disagreed while the membership settled agree by then); each time the same shard is
- * seen long free again under the same membership (whoever rescued it before: every member sees
- * the same free streaks) doubles it, up to {@linkcode RESCUE_MAX_HOLD_TICKS}.
- */
-const RESCUE_HOLD_TICKS = 10;
-/** The longest a rescued shard is kept before it is handed over (a rescue again if still free). */
-const RESCUE_MAX_HOLD_TICKS = 160;
 /** How many ticks, a poll period apart, take a gone member's shards over. */
 const TAKEOVER_TICKS = 2;
 /** The most shards one try-lock statement of a tick takes. */
@@ -251,19 +223,6 @@ const ACQUIRE_CHUNK = 512;
 const TAKEOVER_FIRST_PART = 0.55;
 /** The smallest chunk tried again when the server's lock table is full. */
 const MIN_ACQUIRE_CHUNK = 16;
-/**
- * More notifications than this on the group's channel within one second is a flood, not bells (a
- * group rings a few per membership change): anyone with CONNECT can notify on any channel, and
- * every notification reaches the member's own session, whose statements must answer within the
- * lease (a flood of millions a second cost members their sessions again and again). The member
- * stops listening for {@linkcode BELL_PAUSE_MS}, doubling at each flood up to
- * {@linkcode BELL_MAX_PAUSE_MS}, and sees joins and leaves at its ticks meanwhile.
- */
-const BELL_FLOOD_PER_S = 1000;
-/** How long the first flood of the bell silences it (see {@linkcode BELL_FLOOD_PER_S}). */
-const BELL_PAUSE_MS = 10_000;
-/** The longest pause of the bell after floods. */
-const BELL_MAX_PAUSE_MS = 300_000;
 /** The least time between two handover polls when bells ask for them. */
 const POLL_MIN_GAP_MS = 10;
 /** A holder with at most this many polled shards has them all tried at every poll (see #poll). */
@@ -271,23 +230,12 @@ const POLL_ALL_UP_TO = 8;
 /** While the lock table is full, more shards are tried every this many ticks. */
 const FULL_RETRY_TICKS = 5;
 
-/** Consecutive ticks that saw something, and when the first of them did. */
-interface Streak {
-  readonly ticks: number;
-  readonly since: number;
-}
-
-/** `streak` one tick longer (a new one from `now`). */
-function grow(streak: Streak | undefined, now: number): Streak {
-  return streak === undefined
-    ? { ticks: 1, since: now }
-    : { ticks: streak.ticks + 1, since: streak.since };
-}
-
 /** One member's run, from start to stop. */
 export class GroupMember {
   readonly #config: MemberConfig;
   readonly #observer: MemberObserver;
+  /** The coverage rules' evidence: free streaks, absent members, rescues (coverage.ts). */
+  readonly #coverage: Coverage;
   readonly #lease: Lease;
   readonly #stop = new AbortController();
   readonly #terms = new Map<number, Term>();
@@ -298,13 +246,6 @@ export class GroupMember {
    * `announceAt` (the member's clock): key2 -> token and when.
    */
   readonly #outwaiting = new Map<number, { token: bigint; announceAt: number }>();
-  /**
-   * When this member's full ticks first saw each member session (by backend pid: its tick number
-   * and time): a shard of a member's share is rescued only once that member's session has had as
-   * long to take it. By session, not member id: a session can add member locks under new ids at
-   * will, and an owner that was always the newest id would never be rescued from.
-   */
-  readonly #memberSince = new Map<number, { readonly tick: number; readonly at: number }>();
   /** The last tick's view: shards other sessions held, and the member pids that held shards. */
   #lastOthers: ReadonlySet<number> = new Set();
   /**
@@ -373,12 +314,6 @@ export class GroupMember {
    */
   #spare: { key: string; assignment: Assignment } | undefined;
   #tick = 0;
-  /**
-   * key2 -> the consecutive ticks it was seen free, and when the first of them read it (the
-   * member's clock). A rule of "A ticks" needs both: A ticks, spanning at least A - 1 health
-   * intervals, since ticks come sooner after a wake (a drain that ended, a member that went).
-   */
-  readonly #freeStreak = new Map<number, Streak>();
   /** key2 -> the tick until which an adopted shard is kept. */
   readonly #adoptedUntil = new Map<number, number>();
   /**
@@ -406,32 +341,9 @@ export class GroupMember {
   #untried: ReadonlySet<number> = new Set();
   /** key2 -> when it was first seen assigned here but held by another session. */
   readonly #pendingSince = new Map<number, number>();
-  /** memberId -> consecutive ticks its session held no shard while one assigned to it was free. */
-  readonly #idleStreak = new Map<number, Streak>();
-  /** Member ids left out of the assignment until their session holds a shard. */
-  readonly #absent = new Set<number>();
   /**
-   * Shards rescued beyond the fair share (free for `adoptAfterTicks` + {@linkcode
-   * RESCUE_EXTRA_TICKS} ticks while assigned to a member that holds others): key2 -> the
-   * membership they were rescued under, the tick until which they are kept and the hold of the
-   * next rescue. Kept until then (or until the membership changes), then handed over as usual.
-   */
-  readonly #rescued = new Map<number, { under: string; until: number }>();
-  /**
-   * key2 -> how many times it was seen free for `adoptAfterTicks` + {@linkcode RESCUE_EXTRA_TICKS}
-   * ticks under membership `under` (a free streak counts once: `open` while it lasts). Every
-   * member sees the same streaks, so the rescue hold doubles per shard whoever rescues it, and the
-   * member it is assigned to is known not to take its share (see {@linkcode #ringMembers}).
-   */
-  readonly #longFree = new Map<
-    number,
-    { under: string; episodes: number; open: boolean; owner: number | undefined }
-  >();
-  /**
-   * The members whose ring the watcher follows: the assignment's, less those a shard of whose
-   * share was seen long free under this membership (a forged member lock in a session that holds
-   * a shard takes no share: watching it left the member after it unwatched, its death seen at the
-   * next tick). This member is always in it.
+   * The members whose ring the watcher follows (see {@linkcode Coverage.ringMembers}); this
+   * member is always in it.
    */
   #ringMembers: readonly number[] | undefined;
   /**
@@ -457,14 +369,8 @@ export class GroupMember {
   readonly #notices: HandoverNotices;
   /** Whether a failed LISTEN was reported (once per member run). */
   #bellReported = false;
-  /** Notifications on the bell's channel since {@linkcode #bellCountSince} (flood detection). */
-  #bellCount = 0;
-  /** When the current second of {@linkcode #bellCount} began (the member's clock). */
-  #bellCountSince = -Infinity;
-  /** While the bell is silenced after a flood: until when (the member's clock). */
-  #bellMutedUntil: number | undefined;
-  /** When the bell was last silenced, and for how long (the next flood doubles it). */
-  #bellMute: { at: number; pauseMs: number } | undefined;
+  /** The guard against a flood of notifications on the bell's channel. */
+  readonly #flood = new BellFlood();
   /** When the last tick began (the member's clock). */
   #tickStartedAt = -Infinity;
   /** The last observation read (handed to the next read: an unchanged answer returns it). */
@@ -538,6 +444,7 @@ export class GroupMember {
     this.#config = config;
     this.#observer = observer;
     this.#lease = new Lease(config.leaseMs, config.clock);
+    this.#coverage = new Coverage(config);
     this.#memberId = config.memberId >>> 0;
     this.#shardSet = new Set(config.shards);
     this.#notices = new HandoverNotices(config.settleMs);
@@ -819,18 +726,13 @@ export class GroupMember {
   async #listen(): Promise<void> {
     const session = this.#session!;
     const channel = bellChannel(this.#config.key1);
-    this.#bellMutedUntil = undefined;
-    this.#bellCount = 0;
+    this.#flood.listening();
     session.onNotification?.((from, payload, pid) => {
       if (from !== channel || this.#session !== session || pid === session.backendPid) return;
-      if (this.#bellMutedUntil !== undefined) return;
       const now = this.#config.clock();
-      if (now - this.#bellCountSince >= 1000) {
-        this.#bellCountSince = now;
-        this.#bellCount = 0;
-      }
-      if (++this.#bellCount > BELL_FLOOD_PER_S) {
-        this.#muteBell(now);
+      const heard = this.#flood.hear(now);
+      if (heard !== "bell") {
+        if (heard === "flood") this.#muteBell();
         return;
       }
       if (payload.startsWith("ask:")) {
@@ -925,17 +827,11 @@ export class GroupMember {
   }
 
   /**
-   * The bell's channel is flooded (see {@linkcode BELL_FLOOD_PER_S}): stops listening until the
-   * pause is over (the tick after it listens again), and says so.
+   * The bell's channel is flooded (bell_flood.ts): stops listening until the pause is over (the
+   * tick after it listens again), and says so.
    */
-  #muteBell(now: number): void {
-    const last = this.#bellMute;
-    // A flood long after the last one starts over from the first pause.
-    const pauseMs = last === undefined || now - last.at > 2 * BELL_MAX_PAUSE_MS
-      ? BELL_PAUSE_MS
-      : Math.min(2 * last.pauseMs, BELL_MAX_PAUSE_MS);
-    this.#bellMute = { at: now, pauseMs };
-    this.#bellMutedUntil = now + pauseMs;
+  #muteBell(): void {
+    const pauseMs = this.#flood.pauseMs;
     const { key1 } = this.#config;
     this.#query((s) => s.query(unlistenStatement(key1))).catch(() => {
       // The session ended (the next one listens afresh) or the statement failed: the
@@ -954,10 +850,7 @@ export class GroupMember {
 
   /** After a flood's pause: listens on the bell again (the tick's first statement). */
   async #unmuteBell(): Promise<void> {
-    if (this.#bellMutedUntil === undefined || this.#config.clock() < this.#bellMutedUntil) return;
-    this.#bellMutedUntil = undefined;
-    this.#bellCount = 0;
-    this.#bellCountSince = this.#config.clock();
+    if (!this.#flood.resume(this.#config.clock())) return;
     try {
       await this.#query((s) => s.query(listenStatement(this.#config.key1)));
     } catch (error) {
@@ -1213,7 +1106,7 @@ export class GroupMember {
       if (this.#gone !== undefined) continue;
       const others = new Set(seen.others);
       const memberPids = new Set(seen.members.map((m) => m.pid));
-      this.#noteMembers(seen, sentAt);
+      this.#coverage.noteMembers(seen, this.#tick, sentAt);
       this.#prevOthers = this.#lastOthers;
       this.#prevHolders = this.#lastHolders;
       this.#lastOthers = others;
@@ -1236,17 +1129,15 @@ export class GroupMember {
       }
       this.#lastHolders = holders;
       this.#lastLeavers = leavers;
-      const free: number[] = [];
-      for (const k of shards) {
-        if (mine.has(k) || others.has(k)) this.#freeStreak.delete(k);
-        else {
-          free.push(k);
-          this.#freeStreak.set(k, grow(this.#freeStreak.get(k), sentAt));
-        }
-      }
+      const free = this.#coverage.noteFree(shards, mine, others, sentAt);
       const assignment = this.#assignLive(seen, new Set(free));
       const target = new Set(assignment.byMember.get(this.#memberId) ?? []);
-      this.#countLongFree(free, assignment);
+      this.#ringMembers = this.#coverage.ringMembers(
+        free,
+        assignment,
+        this.#membersKey,
+        this.#memberId,
+      );
       this.#watcher?.watch(nextInRing(this.#ringMembers!, this.#memberId));
       if (this.#starved(seen, target, others)) {
         await this.#rejoin();
@@ -1257,10 +1148,8 @@ export class GroupMember {
       const stray = seen.mine.filter((k) =>
         !this.#terms.has(k) && !this.#draining.has(k) && !this.#outwaiting.has(k)
       );
-      for (const [k, { under }] of [...this.#rescued]) {
-        if (under !== this.#membersKey) this.#rescued.delete(k);
-      }
-      const kept = (k: number) => (this.#rescued.get(k)?.until ?? 0) > this.#tick;
+      this.#coverage.forgetRescuesNotUnder(this.#membersKey);
+      const kept = (k: number) => this.#coverage.kept(k, this.#tick);
       const ownerWorks = (k: number) => {
         const owner = assignment.ownerOf.get(k);
         return owner !== undefined && owner !== this.#memberId &&
@@ -1290,7 +1179,7 @@ export class GroupMember {
       const toUnlock = [...this.#released, ...stray, ...this.#drained(clock())];
       this.#released = [];
       if (toUnlock.length > 0) await this.#unlock(toUnlock);
-      for (const k of toUnlock) this.#handedOverAt.set(k, this.#tick);
+      this.#coverage.handedOver(toUnlock, this.#tick);
 
       const wanted = free.filter((k) => target.has(k));
       const { max } = fairShare(shards.length, assignment.members.length);
@@ -1301,9 +1190,7 @@ export class GroupMember {
       const taken = takeover ? free.filter((k) => !target.has(k)) : [];
       for (const k of taken) this.#adoptedUntil.set(k, this.#tick + this.#takeover + 1);
       const adopt = takeover ? taken : room <= 0 ? [] : free
-        .filter((k) =>
-          !target.has(k) && this.#lasted(this.#freeStreak.get(k), this.#config.adoptAfterTicks)
-        )
+        .filter((k) => !target.has(k) && this.#coverage.freeFor(k, this.#config.adoptAfterTicks))
         .sort((a, b) => score(b, this.#memberId) - score(a, this.#memberId))
         .slice(0, room);
       if (!takeover) {
@@ -1328,7 +1215,7 @@ export class GroupMember {
       const rescue = this.#fullSince !== undefined
         ? []
         : free.filter((k) =>
-          !chosen.has(k) && this.#lasted(this.#freeStreak.get(k), rescueAfter) &&
+          !chosen.has(k) && this.#coverage.freeFor(k, rescueAfter) &&
           this.#memberFor(assignment.ownerOf.get(k), rescueAfter, sentAt)
         );
       const got = await this.#acquire([...wanted, ...adopt, ...rescue], !takeover);
@@ -1339,10 +1226,7 @@ export class GroupMember {
       if (rescue.length > 0) {
         const gotSet = new Set(got);
         for (const k of rescue) {
-          if (!gotSet.has(k)) continue;
-          const episodes = this.#longFree.get(k)?.episodes ?? 1;
-          const hold = Math.min(RESCUE_HOLD_TICKS * 2 ** (episodes - 1), RESCUE_MAX_HOLD_TICKS);
-          this.#rescued.set(k, { under: this.#membersKey, until: this.#tick + hold });
+          if (gotSet.has(k)) this.#coverage.rescue(k, this.#membersKey, this.#tick);
         }
       }
 
@@ -1470,14 +1354,14 @@ export class GroupMember {
     if (this.#pendingSince.size > 0 || this.#outwaiting.size > 0 || this.#draining.size > 0) {
       return false;
     }
-    if (this.#idleStreak.size > 0 || this.#handedOverAt.size > 0) return false;
+    if (this.#coverage.judging) return false;
     // (Adopted shards tried and not taken stay in #earlyBack: only a term among them counts.)
     for (const k of this.#earlyBack) if (this.#terms.has(k)) return false;
     if (this.#takeover > 0 || this.#starvedSince !== undefined || this.#fullSince !== undefined) {
       return false;
     }
     if (this.#config.clock() < this.#sweepUntil) return false;
-    for (const { until } of this.#rescued.values()) if (until > this.#tick) return false;
+    if (this.#coverage.anyKept(this.#tick)) return false;
     for (const k of this.#terms.keys()) if (!target.has(k) || !mine.has(k)) return false;
     return true;
   }
@@ -1628,8 +1512,6 @@ export class GroupMember {
    * first tick after `done` (or after `until`, on the member's clock).
    */
   readonly #draining = new Map<number, { until: number; done: { settled: boolean } }>();
-  /** key2 -> the tick this member unlocked it at (for the coverage rule's grace). */
-  readonly #handedOverAt = new Map<number, number>();
 
   /** Starts the drain of moved shards (a rebalance): they stay locked until it ends. */
   #startDrain(keys: readonly number[], now: number): void {
@@ -1674,24 +1556,13 @@ export class GroupMember {
    * (balance.ts, keepHolding): each member keeps what it holds up to its quota.
    */
   #assignLive(seen: Observation, free: ReadonlySet<number>): Assignment {
-    const ids = new Set(seen.members.map((m) => m.memberId));
-    for (const id of [...this.#absent]) if (!ids.has(id)) this.#absent.delete(id);
-    for (const id of [...this.#idleStreak.keys()]) if (!ids.has(id)) this.#idleStreak.delete(id);
-    for (const m of seen.members) {
-      if (this.#absent.has(m.memberId) && seen.holders.has(m.pid)) this.#absent.delete(m.memberId);
-    }
-    const live = () =>
-      seen.members.filter((m) => m.memberId === this.#memberId || !this.#absent.has(m.memberId));
-    for (const [k, at] of [...this.#handedOverAt]) {
-      if (this.#tick - at > HANDOVER_GRACE_TICKS) this.#handedOverAt.delete(k);
-    }
-    const mine = new Set(seen.mine);
+    this.#coverage.refresh(seen, this.#tick);
     const holderOf = this.#holdersById(seen);
     // Not while this member finds the lock table full: then what fits is the limit, and keeping
     // shards where they are kept them with whoever filled the table first (a member of three over
     // 3,000 shards with room for about 1,100 led nothing); the base assignment shares what fits.
     const kept = () => {
-      const base = this.#assign(live());
+      const base = this.#assign(this.#coverage.live(seen, this.#memberId));
       if (this.#fullSince !== undefined) return base;
       // The same inputs give the same assignment: once the group is balanced every tick sees
       // the same holdings, and recomputing them cost 5-25 ms of a tick at 10,000 shards.
@@ -1702,36 +1573,7 @@ export class GroupMember {
       return assignment;
     };
     let assignment = kept();
-    let changed = false;
-    for (const m of live()) {
-      if (m.memberId === this.#memberId) continue;
-      const assigned = assignment.byMember.get(m.memberId) ?? [];
-      // A shard of its share free for adoptAfterTicks ticks (not one just freed for it: it polls
-      // for those; not one this member unlocked in the last ticks) is evidence that it does not
-      // take its share. Without such a shard, part of its share held by this member (a move whose
-      // work drains, an adopted or rescued shard kept) or just unlocked by it makes the tick no
-      // evidence either way (its streak neither grows nor ends): it could not have taken those.
-      const A = this.#config.adoptAfterTicks;
-      const longFree = assigned.some((k) =>
-        free.has(k) && !this.#handedOverAt.has(k) && this.#lasted(this.#freeStreak.get(k), A)
-      );
-      if (!longFree && assigned.some((k) => mine.has(k) || this.#handedOverAt.has(k))) continue;
-      if (!seen.holders.has(m.pid) && assigned.length > 0) {
-        const streak = grow(this.#idleStreak.get(m.memberId), this.#config.clock());
-        this.#idleStreak.set(m.memberId, streak);
-        // Its share long free: it does not take it. Held by others (who count it absent
-        // already): a member joining takes its share within a handover, so two ticks more.
-        const bound = A + (longFree ? 0 : 2);
-        if (this.#lasted(streak, bound)) {
-          this.#idleStreak.delete(m.memberId);
-          this.#absent.add(m.memberId);
-          changed = true;
-        }
-      } else {
-        this.#idleStreak.delete(m.memberId);
-      }
-    }
-    if (changed) assignment = kept();
+    if (this.#coverage.judge(seen, assignment, free, this.#memberId)) assignment = kept();
     this.#current = assignment;
     return assignment;
   }
@@ -1744,7 +1586,7 @@ export class GroupMember {
     // would make another of its shards the one to hand over (to the member that does not take
     // its share, the reason for the rescue), a gap for a new shard each time.
     for (const k of seen.mine) {
-      if ((this.#rescued.get(k)?.until ?? 0) <= this.#tick) holderOf.set(k, this.#memberId);
+      if (!this.#coverage.kept(k, this.#tick)) holderOf.set(k, this.#memberId);
     }
     for (const [k, pid] of seen.holderOf) {
       const id = idOf.get(pid);
@@ -1828,7 +1670,7 @@ export class GroupMember {
     }
     if (
       this.#gone !== undefined || this.#takeover > 0 || this.#released.length > 0 ||
-      this.#draining.size > 0 || this.#outwaiting.size > 0 || this.#absent.size > 0 ||
+      this.#draining.size > 0 || this.#outwaiting.size > 0 || this.#coverage.anyAbsent ||
       this.#fullSince !== undefined || this.#config.clock() < this.#sweepUntil
     ) {
       return undefined;
@@ -1911,7 +1753,7 @@ export class GroupMember {
     this.#startDrain(this.#released.splice(0), clock());
     const toUnlock = this.#drained(clock());
     if (toUnlock.length > 0) await this.#unlock(toUnlock);
-    for (const k of toUnlock) this.#handedOverAt.set(k, this.#tick);
+    this.#coverage.handedOver(toUnlock, this.#tick);
     // The bell's tick is this one, later: not at a bell's timer among the other old members'.
     clearTimeout(this.#bellTimer);
     this.#bellTimer = undefined;
@@ -1987,28 +1829,13 @@ export class GroupMember {
     if (moved) throw moved;
   }
 
-  /** Records when each member session of `seen` was first seen, and forgets those gone. */
-  #noteMembers(seen: Observation, sentAt: number): void {
-    const pids = new Set<number>();
-    for (const { pid } of seen.members) {
-      pids.add(pid);
-      if (!this.#memberSince.has(pid)) this.#memberSince.set(pid, { tick: this.#tick, at: sentAt });
-    }
-    for (const pid of [...this.#memberSince.keys()]) {
-      if (!pids.has(pid)) this.#memberSince.delete(pid);
-    }
-  }
-
   /**
    * Whether member `id`'s session has been seen for `ticks` ticks spanning `ticks - 1` health
-   * intervals (as {@linkcode #lasted}); `true` for no member.
+   * intervals ({@linkcode Coverage.memberFor}); `true` for no member.
    */
   #memberFor(id: number | undefined, ticks: number, now: number): boolean {
     if (id === undefined) return true;
-    const since = this.#memberSince.get(this.#lastMemberPid.get(id) ?? 0);
-    if (since === undefined) return false;
-    return this.#tick - since.tick + 1 >= ticks &&
-      now - since.at >= (ticks - 1) * this.#config.healthIntervalMs;
+    return this.#coverage.memberFor(this.#lastMemberPid.get(id) ?? 0, ticks, this.#tick, now);
   }
 
   /** Leaves under the current member id and joins under a new one. */
@@ -2020,46 +1847,6 @@ export class GroupMember {
     this.#joined = false;
     this.#memberId = randomMemberId();
     await this.#join();
-  }
-
-  /** Whether `streak` counts `ticks` ticks spanning at least `ticks - 1` health intervals. */
-  #lasted(streak: Streak | undefined, ticks: number): boolean {
-    if (streak === undefined || streak.ticks < ticks) return false;
-    return this.#config.clock() - streak.since >= (ticks - 1) * this.#config.healthIntervalMs;
-  }
-
-  /**
-   * Counts the long-free episodes of `free` under the current membership (see
-   * {@linkcode #longFree}) and sets {@linkcode #ringMembers}.
-   */
-  #countLongFree(free: readonly number[], assignment: Assignment): void {
-    const under = this.#membersKey;
-    const long = this.#config.adoptAfterTicks + RESCUE_EXTRA_TICKS;
-    for (const k of free) {
-      const entry = this.#longFree.get(k);
-      if (!this.#lasted(this.#freeStreak.get(k), long)) {
-        if (entry) entry.open = false;
-      } else if (entry === undefined || entry.under !== under) {
-        this.#longFree.set(k, { under, episodes: 1, open: true, owner: assignment.ownerOf.get(k) });
-      } else if (!entry.open) {
-        entry.episodes++;
-        entry.open = true;
-        entry.owner = assignment.ownerOf.get(k);
-      }
-    }
-    const notTaking = new Set<number>();
-    for (const [k, { under: at, owner }] of [...this.#longFree]) {
-      if (at !== under) {
-        this.#longFree.delete(k);
-        continue;
-      }
-      // The member the shard was assigned to while it stayed free, not its owner now (the
-      // assignment keeps shards where they are: a rescuer that holds it may own it now).
-      if (owner !== undefined && owner !== this.#memberId) notTaking.add(owner);
-    }
-    this.#ringMembers = notTaking.size === 0
-      ? assignment.members
-      : assignment.members.filter((m) => !notTaking.has(m));
   }
 
   /**
@@ -2364,8 +2151,7 @@ export class GroupMember {
           Math.max(this.#adoptedUntil.get(key2) ?? 0, this.#tick + ADOPTED_HOLD_TICKS),
         );
         this.#earlyBack.delete(key2);
-        const rescued = this.#rescued.get(key2);
-        if (rescued) rescued.until = Math.max(rescued.until, this.#tick + RESCUE_HOLD_TICKS);
+        this.#coverage.renewRescue(key2, this.#tick);
         this.#announce(key2, token);
       }
     }
@@ -2441,7 +2227,7 @@ export class GroupMember {
     this.#released = [];
     this.#draining.clear();
     this.#outwaiting.clear();
-    this.#rescued.clear();
+    this.#coverage.forgetRescues();
     this.#earlyBack.clear();
   }
 
