@@ -93,6 +93,7 @@ import { ShardTermEndedError, termEnded } from "./events.ts";
 import { GroupShardTerm } from "./shard_term.ts";
 import { Coverage, RESCUE_EXTRA_TICKS } from "./coverage.ts";
 import { BELL_FLOOD_PER_S, BellFlood } from "./bell_flood.ts";
+import { ADOPTED_HOLD_TICKS, Holds } from "./holds.ts";
 import { HandoverNotices } from "./handover_notices.ts";
 import { joinAsks, parseAsk } from "./join_asks.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
@@ -209,8 +210,6 @@ const LEAVE_GRACE_MS = 100;
 const SWEEP_MS = 4 * LEAVE_GRACE_MS;
 /** How many tries to find a free member id. */
 const JOIN_TRIES = 8;
-/** How many ticks an adopted shard is kept before it is handed to its assigned member. */
-const ADOPTED_HOLD_TICKS = 3;
 /** How many ticks, a poll period apart, take a gone member's shards over. */
 const TAKEOVER_TICKS = 2;
 /** The most shards one try-lock statement of a tick takes. */
@@ -314,29 +313,14 @@ export class GroupMember {
    */
   #spare: { key: string; assignment: Assignment } | undefined;
   #tick = 0;
-  /** key2 -> the tick until which an adopted shard is kept. */
-  readonly #adoptedUntil = new Map<number, number>();
-  /**
-   * key2 -> the membership under which it was last adopted as a long-free shard. The first such
-   * adoption under a membership is handed back at the next tick once the member it is assigned to
-   * holds shards (views that disagreed for a tick while the membership settled); a repeat keeps
-   * the full {@linkcode ADOPTED_HOLD_TICKS}.
-   */
-  readonly #adoptedUnder = new Map<number, string>();
-  /** Adopted shards that go back early (see {@linkcode #adoptedUnder}). */
-  readonly #earlyBack = new Set<number>();
+  /** How long each shard led outside this member's share is kept (holds.ts). */
+  readonly #holds: Holds;
   /**
    * Whether a `joined` bell of a member the last tick did not count was heard since that tick
    * began: a tick's try-locks of a share computed without it stop after the chunk in flight (see
    * {@linkcode #acquire}), since the next tick gives this member a smaller share.
    */
   #joinHeard = false;
-  /**
-   * key2 -> when a long-free shard was adopted (the member's clock): its hold of
-   * {@linkcode ADOPTED_HOLD_TICKS} ticks also spans that many health intervals less one, as the
-   * rules of "A ticks" do, since ticks come sooner while early-back shards are led.
-   */
-  readonly #adoptedAt = new Map<number, number>();
   /** The shards the last {@linkcode #acquire} did not try because it yielded to a join. */
   #untried: ReadonlySet<number> = new Set();
   /** key2 -> when it was first seen assigned here but held by another session. */
@@ -445,6 +429,7 @@ export class GroupMember {
     this.#observer = observer;
     this.#lease = new Lease(config.leaseMs, config.clock);
     this.#coverage = new Coverage(config);
+    this.#holds = new Holds(config.healthIntervalMs);
     this.#memberId = config.memberId >>> 0;
     this.#shardSet = new Set(config.shards);
     this.#notices = new HandoverNotices(config.settleMs);
@@ -1155,22 +1140,15 @@ export class GroupMember {
         return owner !== undefined && owner !== this.#memberId &&
           seen.holders.has(this.#lastMemberPid.get(owner) ?? 0);
       };
-      for (const [k, under] of [...this.#adoptedUnder]) {
-        if (under !== this.#membersKey) this.#adoptedUnder.delete(k);
-      }
-      const heldOut = (k: number) =>
-        sentAt - (this.#adoptedAt.get(k) ?? -Infinity) >=
-          (ADOPTED_HOLD_TICKS - 1) * healthIntervalMs;
-      const handOver = [...this.#terms.keys()].filter((k) =>
-        !target.has(k) && !kept(k) &&
-        (((this.#adoptedUntil.get(k) ?? 0) <= this.#tick && heldOut(k)) ||
-          (this.#earlyBack.has(k) && ownerWorks(k)))
+      const handOver = this.#holds.due(
+        this.#terms.keys(),
+        target,
+        this.#membersKey,
+        this.#tick,
+        sentAt,
+        kept,
+        ownerWorks,
       );
-      for (const k of handOver) this.#earlyBack.delete(k);
-      // An adopted shard the assignment now gives this member (it keeps what it holds, up to its
-      // quota) goes back to nobody: no sooner ticks for it (three members ticked four times a
-      // second for good once the start was over).
-      for (const k of this.#earlyBack) if (target.has(k)) this.#earlyBack.delete(k);
       this.#releaseTerms(handOver, "rebalance");
       // A graceful move: the moved shards stay locked while their work drains (the face's
       // drain, bounded by the lease less a health interval); the ticks go on meanwhile (the
@@ -1188,21 +1166,12 @@ export class GroupMember {
       // the first tick a health interval later, when the members it is assigned to have seen the
       // change and take it over.
       const taken = takeover ? free.filter((k) => !target.has(k)) : [];
-      for (const k of taken) this.#adoptedUntil.set(k, this.#tick + this.#takeover + 1);
+      this.#holds.keep(taken, this.#tick + this.#takeover + 1);
       const adopt = takeover ? taken : room <= 0 ? [] : free
         .filter((k) => !target.has(k) && this.#coverage.freeFor(k, this.#config.adoptAfterTicks))
         .sort((a, b) => score(b, this.#memberId) - score(a, this.#memberId))
         .slice(0, room);
-      if (!takeover) {
-        for (const k of adopt) {
-          this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
-          if (this.#adoptedUnder.get(k) === this.#membersKey) this.#earlyBack.delete(k);
-          else this.#earlyBack.add(k);
-          this.#adoptedUnder.set(k, this.#membersKey);
-        }
-      } else {
-        for (const k of taken) this.#earlyBack.delete(k);
-      }
+      if (!takeover) this.#holds.adopt(adopt, this.#membersKey, this.#tick);
       // Coverage before balance: a shard of another member's share free for long (that member
       // holds shards, so it is not counted absent, yet it does not take this one) is rescued
       // beyond the fair share, unless the lock table is full (then nobody can take it).
@@ -1221,7 +1190,7 @@ export class GroupMember {
       const got = await this.#acquire([...wanted, ...adopt, ...rescue], !takeover);
       if (adopt.length > 0 && !takeover) {
         const gotSet = new Set(got);
-        for (const k of adopt) if (gotSet.has(k)) this.#adoptedAt.set(k, sentAt);
+        this.#holds.adopted(adopt.filter((k) => gotSet.has(k)), sentAt);
       }
       if (rescue.length > 0) {
         const gotSet = new Set(got);
@@ -1266,10 +1235,8 @@ export class GroupMember {
       let nextTick = sentAt + (this.#takeover > 0 || quickBack ? handoverPollMs : interval);
       // Adopted shards that go back as soon as their member works (a start or a join, while the
       // views settle): the next tick comes sooner, not a health interval later (their hold
-      // otherwise still spans its health intervals: #adoptedAt).
-      if (
-        this.#config.takeover !== "safe" && [...this.#earlyBack].some((k) => this.#terms.has(k))
-      ) {
+      // otherwise still spans its health intervals: holds.ts).
+      if (this.#config.takeover !== "safe" && this.#holds.earlyLed(this.#terms)) {
         nextTick = Math.min(nextTick, sentAt + this.#bellGapMs);
       }
       // A shard waiting out its previous holder's lease is announced by the tick after its time.
@@ -1305,10 +1272,7 @@ export class GroupMember {
         for (const k of got) {
           this.#pendingSince.delete(k);
           // Swept from a leaving member: kept until its assigned member has seen the change.
-          if (!target.has(k)) {
-            this.#adoptedUntil.set(k, this.#tick + ADOPTED_HOLD_TICKS);
-            this.#earlyBack.delete(k);
-          }
+          if (!target.has(k)) this.#holds.keep([k], this.#tick + ADOPTED_HOLD_TICKS);
         }
         pending = pending.filter((k) =>
           !got.has(k) && !this.#terms.has(k) && !this.#outwaiting.has(k) &&
@@ -1355,8 +1319,7 @@ export class GroupMember {
       return false;
     }
     if (this.#coverage.judging) return false;
-    // (Adopted shards tried and not taken stay in #earlyBack: only a term among them counts.)
-    for (const k of this.#earlyBack) if (this.#terms.has(k)) return false;
+    if (this.#holds.earlyLed(this.#terms)) return false;
     if (this.#takeover > 0 || this.#starvedSince !== undefined || this.#fullSince !== undefined) {
       return false;
     }
@@ -1396,10 +1359,7 @@ export class GroupMember {
     this.#gone = undefined;
     const theirs = this.#takeOrder(gone);
     if (theirs.length === 0) return;
-    for (const k of await this.#acquire(theirs, false, true)) {
-      this.#adoptedUntil.set(k, this.#tick + TAKEOVER_TICKS + 1);
-      this.#earlyBack.delete(k);
-    }
+    this.#holds.keep(await this.#acquire(theirs, false, true), this.#tick + TAKEOVER_TICKS + 1);
   }
 
   /**
@@ -2146,11 +2106,7 @@ export class GroupMember {
         // once; handed to a member whose view has not caught up (it does not take it), it
         // waited out another lease in whoever adopted it next, and went round unled for
         // several leases (an adversarial run: 4-8 s with a 1 s lease).
-        this.#adoptedUntil.set(
-          key2,
-          Math.max(this.#adoptedUntil.get(key2) ?? 0, this.#tick + ADOPTED_HOLD_TICKS),
-        );
-        this.#earlyBack.delete(key2);
+        this.#holds.keepAtLeast(key2, this.#tick + ADOPTED_HOLD_TICKS);
         this.#coverage.renewRescue(key2, this.#tick);
         this.#announce(key2, token);
       }
@@ -2228,7 +2184,7 @@ export class GroupMember {
     this.#draining.clear();
     this.#outwaiting.clear();
     this.#coverage.forgetRescues();
-    this.#earlyBack.clear();
+    this.#holds.endedAll();
   }
 
   #endTerm(
@@ -2242,8 +2198,7 @@ export class GroupMember {
     if (!term) return false;
     this.#terms.delete(key2);
     this.#termsEpoch++;
-    this.#adoptedUntil.delete(key2);
-    this.#adoptedAt.delete(key2);
+    this.#holds.ended(key2);
     const cause = causeOf(error);
     const ended = termEnded(this.#config.key1, key2, term.token, reason, cause);
     term.controller?.abort(ended);
