@@ -57,11 +57,20 @@ Deno.test("LeaderLock under faults on a real PostgreSQL", async (t) => {
     } finally {
       await pg.thawBackend(pid);
     }
-    // Thawed, the backend finds its socket closed, exits, and the lock moves on.
-    assert(await b.waitForLeadership({ timeoutMs: 5000 }));
+    // Thawed, the backend finds its socket closed, exits, and the lock moves on: to b, or to a's
+    // new session (a candidate goes on competing; under load it won 1 time in about 12, when the
+    // lock came free between two of b's lock_timeout windows). Either way nobody led before a
+    // said it had lost, and one leads.
+    await until(() => a.isLeader || b.isLeader, 5000, "a new leader after the thaw");
+    assert(!(a.isLeader && b.isLeader), "two leaders");
     const lostAt = seenA.find((r) => r.type === "lost")!.t;
-    const acquiredAt = seenB.find((r) => r.type === "acquired")!.t;
-    assert(lostAt < acquiredAt, "a stopped claiming before b started");
+    const acquiredAfterFreeze = [...seenA, ...seenB].filter((r) =>
+      r.type === "acquired" && r.t > frozenAt
+    );
+    assert(acquiredAfterFreeze.length > 0);
+    for (const r of acquiredAfterFreeze) {
+      assert(lostAt < r.t, "a new leader before a stopped claiming");
+    }
     await shutdownAll([a, b]);
   });
 
