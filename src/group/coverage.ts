@@ -54,7 +54,7 @@ export const HANDOVER_GRACE_TICKS = 2;
 export interface CoverageConfig {
   /** A: how many ticks of evidence count a member absent, or a shard long free. */
   readonly adoptAfterTicks: number;
-  /** The time a rule of "A ticks" spans at least, less one interval, is counted in these. */
+  /** The member's health interval: a rule of "A ticks" also spans A - 1 of these. */
   readonly healthIntervalMs: number;
   /** The member's clock, in milliseconds. */
   readonly clock: () => number;

@@ -19,7 +19,8 @@
  *    and a tick in which a member's share is still held (or was just unlocked) by this member
  *    counts neither for nor against that member in the coverage rule.
  * 4. Try-locks the free shards the assignment gives it, plus free shards nobody took for
- *    `adoptAfterTicks` ticks (up to its fair share), in statements of at most 512 shards;
+ *    `adoptAfterTicks` ticks (up to its fair share; kept a few ticks before they go to their
+ *    member, holds.ts), in statements of at most 512 shards;
  *    announces them after `settleMs`. When the server's lock table is full (53200, too small a
  *    `max_locks_per_transaction`) it leads what fits, reports the rest once (an error event) and
  *    tries more every 5 ticks, instead of losing its session.
