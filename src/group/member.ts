@@ -2287,12 +2287,12 @@ function isPermanent(error: unknown): boolean {
   return code !== undefined && (code.startsWith("28") || code === "3D000");
 }
 
-/** Everything the group reports is a PgLeaderLockError; the driver's error is its cause. */
 /** The cause a term's end carries: none for a deadline or an expired lease (the reason says it). */
 function causeOf(error: unknown): unknown {
   return error instanceof DeadlineError || error instanceof LeaseExpired ? undefined : error;
 }
 
+/** Everything the group reports is a PgLeaderLockError; the driver's error is its cause. */
 function wrap(error: unknown): PgLeaderLockError {
   if (error instanceof PgLeaderLockError) return error;
   if (error instanceof SessionEnded) {
