@@ -156,10 +156,28 @@ Deno.test({
               handovers.push(outcome.failoverMs);
               assertEquals(await advisoryLocks(standby, fleet.keys.key1, fleet.keys.key2), 0);
             }
-            if (terminates) {
+          } finally {
+            report = await fleet.close();
+          }
+          // pg_terminate_backend() of the leader's session, in takeover "safe": through pgpool the
+          // leader is sometimes never told that its session ended (its next statement hangs until
+          // its lease runs out: in "fast" mode 2 runs of this test in 91, alone or beside a
+          // loaded machine, showed its term overlapping the next one by ~760 ms, a session of the
+          // fleet left on the server; docs/deployments.md).
+          // "safe" makes the next leader wait out that lease first.
+          let safeReport;
+          if (terminates) {
+            const safe = await Fleet.start({
+              server: primary,
+              dsn: pgpool.dsn,
+              size: 3,
+              candidate: { ...SCENARIO_TIMINGS, takeover: "safe" },
+            });
+            try {
+              await safe.settled();
               for (let i = 0; i < 2; i++) {
                 try {
-                  terminated.push((await injectFault(fleet, "terminate-backend")).failoverMs);
+                  terminated.push((await injectFault(safe, "terminate-backend")).failoverMs);
                 } catch (error) {
                   // A rare failure here (about one full suite in six) left no trace of what
                   // pgpool did: its node states and failover lines go with the error.
@@ -170,31 +188,40 @@ Deno.test({
               }
               const nodes = (await pgpool.nodes()).map((n) => [n.node_id, n.status, n.role]);
               assertEquals(nodes, [["0", "up", "primary"], ["1", "up", "standby"]]);
+            } finally {
+              safeReport = await safe.close();
             }
-          } finally {
-            report = await fleet.close();
           }
           console.log(
             `    ${functionList}: quiet period: ${quiet}; SIGKILL of the leader -> next leader: ${
               handovers.map((ms) => ms.toFixed(0)).join(", ")
             } ms${
               terminates
-                ? `; pg_terminate_backend -> next leader: ${
+                ? `; pg_terminate_backend -> next leader (takeover "safe"): ${
                   terminated.map((ms) => ms.toFixed(0)).join(", ")
                 } ms`
                 : ""
-            }; max overlap ${report.maxOverlapMs} ms`,
+            }; max overlap ${Math.max(report.maxOverlapMs, safeReport?.maxOverlapMs ?? 0)} ms`,
           );
           const onStandby = await checkServerClean(standby, {
             ...fleet.keys,
             identityPrefix: fleet.identityPrefix,
           });
-          const violations = [...report.violations, ...report.serverViolations, ...onStandby];
+          const violations = [
+            ...report.violations,
+            ...report.serverViolations,
+            ...(safeReport?.violations ?? []),
+            ...(safeReport?.serverViolations ?? []),
+            ...onStandby,
+          ];
           assert(violations.length === 0, formatViolations(violations));
           assertEquals(report.maxOverlapMs, 0);
+          assertEquals(safeReport?.maxOverlapMs ?? 0, 0);
+          assert(handovers.every((ms) => ms < 1000), `handovers ${handovers} ms`);
+          // In "safe" mode the next leader waits out the terminated one's lease.
           assert(
-            [...handovers, ...terminated].every((ms) => ms < 1000),
-            `handovers ${handovers} ${terminated} ms`,
+            terminated.every((ms) => ms < SCENARIO_TIMINGS.leaseMs + 1000),
+            `handovers after pg_terminate_backend ${terminated} ms`,
           );
         },
       });
