@@ -219,6 +219,7 @@ export class Coverage {
    * @param seen The read.
    * @param assignment The assignment of the live members, shards kept where they are.
    * @param free The shards free at the read.
+   * @param mine The shards this member's session held at the read.
    * @param me This member's id.
    * @returns Whether a member was counted absent (the assignment is to be made again).
    */
@@ -226,9 +227,9 @@ export class Coverage {
     seen: Observation,
     assignment: Assignment,
     free: ReadonlySet<number>,
+    mine: ReadonlySet<number>,
     me: number,
   ): boolean {
-    const mine = new Set(seen.mine);
     const A = this.#config.adoptAfterTicks;
     let changed = false;
     for (const m of this.live(seen, me)) {

@@ -1116,7 +1116,7 @@ export class GroupMember {
       this.#lastHolders = holders;
       this.#lastLeavers = leavers;
       const free = this.#coverage.noteFree(shards, mine, others, sentAt);
-      const assignment = this.#assignLive(seen, new Set(free));
+      const assignment = this.#assignLive(seen, new Set(free), mine);
       const target = new Set(assignment.byMember.get(this.#memberId) ?? []);
       this.#ringMembers = this.#coverage.ringMembers(
         free,
@@ -1516,7 +1516,11 @@ export class GroupMember {
    * lead its share instead of leaving it unowned. The assignment keeps the shards where they are
    * (balance.ts, keepHolding): each member keeps what it holds up to its quota.
    */
-  #assignLive(seen: Observation, free: ReadonlySet<number>): Assignment {
+  #assignLive(
+    seen: Observation,
+    free: ReadonlySet<number>,
+    mine: ReadonlySet<number>,
+  ): Assignment {
     this.#coverage.refresh(seen, this.#tick);
     const holderOf = this.#holdersById(seen);
     // Not while this member finds the lock table full: then what fits is the limit, and keeping
@@ -1534,7 +1538,9 @@ export class GroupMember {
       return assignment;
     };
     let assignment = kept();
-    if (this.#coverage.judge(seen, assignment, free, this.#memberId)) assignment = kept();
+    if (this.#coverage.judge(seen, assignment, free, mine, this.#memberId)) {
+      assignment = kept();
+    }
     this.#current = assignment;
     return assignment;
   }

@@ -12,6 +12,7 @@
 import { FixedInterval } from "../../src/engine/retry.ts";
 import { LeaderGroup, type LeaderGroupOptions } from "../../src/group/leader_group.ts";
 import { wallNow, wallTimeOf } from "../../src/testing/_wall_clock.ts";
+import { watchStalls } from "./_stalls.ts";
 
 const now = wallNow;
 const encoder = new TextEncoder();
@@ -89,12 +90,7 @@ Deno.addSignalListener("SIGUSR2", () => {
 // `stallMs` late (`t` is when it ran, `ms` how late): the process was starved of CPU, and a lease
 // it lost around then says nothing about the library's schedule.
 if (stallMs !== undefined) {
-  let due = now() + 10;
-  setInterval(() => {
-    const late = now() - due;
-    if (late >= stallMs) print({ type: "stall", ms: Math.round(late) });
-    due = now() + 10;
-  }, 10);
+  watchStalls(stallMs, ({ ms }) => print({ type: "stall", ms: Math.round(ms) }));
 }
 
 let stopping = false;

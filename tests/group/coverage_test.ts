@@ -47,7 +47,7 @@ function rules() {
     const free = coverage.noteFree(SHARDS, new Set(seen.mine), new Set(seen.others), now);
     coverage.noteMembers(seen, tick, now);
     coverage.refresh(seen, tick);
-    const counted = coverage.judge(seen, assignment, new Set(free), ME);
+    const counted = coverage.judge(seen, assignment, new Set(free), new Set(seen.mine), ME);
     now += H;
     return counted;
   };

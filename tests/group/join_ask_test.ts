@@ -17,7 +17,7 @@ import { askPayloads } from "../../src/group/join_asks.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { checkShards, isBalanced, MemberProcess, violations, waitForView } from "./_harness.ts";
 import { until } from "../_helpers.ts";
-import { wallNow } from "../../src/testing/_wall_clock.ts";
+import { type Stall, watchStalls } from "./_stalls.ts";
 
 const N = 60;
 const HEALTH_MS = 300;
@@ -267,7 +267,8 @@ Deno.test({
     identity: name,
     stallMs: STALL_MS,
   });
-  const ownStalls = stallMonitor();
+  const ownStalls: Stall[] = [];
+  const stopWatching = watchStalls(STALL_MS, (stall) => ownStalls.push(stall));
   const all = [0, 1, 2].map((i) => new MemberProcess(`old${i}`, options(`old${i}`)));
   const olds = [...all];
   try {
@@ -282,7 +283,7 @@ Deno.test({
       await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, `leave ${cycle}`);
     }
     const stalls = [
-      ...ownStalls.stalls,
+      ...ownStalls,
       ...all.flatMap((m) =>
         m.records.flatMap((r) =>
           r.type === "stall" ? [{ t: r.t, ms: Number((r as { ms?: number }).ms) }] : []
@@ -309,28 +310,13 @@ Deno.test({
     await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
     assert.deepEqual(violations(checkShards(all, 2 * healthIntervalMs)), []);
   } finally {
-    ownStalls.stop();
+    stopWatching();
     await Promise.all(all.map((m) => m.dispose()));
   }
 });
 
 /** The least lateness of a 10 ms timer that counts as a stall: half of leaseMs - healthIntervalMs. */
 const STALL_MS = 40;
-
-/** A stall of an event loop: it ended at wall-clock `t`, `ms` late. */
-type Stall = { t: number; ms: number };
-
-/** Records this process's stalls as `_member.ts` does with `stallMs`, until `stop()`. */
-function stallMonitor(): { stalls: Stall[]; stop: () => void } {
-  const stalls: Stall[] = [];
-  let due = wallNow() + 10;
-  const timer = setInterval(() => {
-    const late = wallNow() - due;
-    if (late >= STALL_MS) stalls.push({ t: wallNow(), ms: late });
-    due = wallNow() + 10;
-  }, 10);
-  return { stalls, stop: () => clearInterval(timer) };
-}
 
 /**
  * A member's lost leases: the first `lost` record of each run of them (`t`), with the moment of
