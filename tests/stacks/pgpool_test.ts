@@ -166,8 +166,9 @@ Deno.test({
           // fleet left on the server; docs/deployments.md).
           // "safe" makes the next leader wait out that lease first.
           let safeReport;
+          let safe: Fleet | undefined;
           if (terminates) {
-            const safe = await Fleet.start({
+            safe = await Fleet.start({
               server: primary,
               dsn: pgpool.dsn,
               size: 3,
@@ -203,10 +204,13 @@ Deno.test({
                 : ""
             }; max overlap ${Math.max(report.maxOverlapMs, safeReport?.maxOverlapMs ?? 0)} ms`,
           );
-          const onStandby = await checkServerClean(standby, {
-            ...fleet.keys,
-            identityPrefix: fleet.identityPrefix,
-          });
+          // Neither fleet left a lock or a session on the standby.
+          const onStandby = [];
+          for (const f of terminates ? [fleet, safe!] : [fleet]) {
+            onStandby.push(
+              ...await checkServerClean(standby, { ...f.keys, identityPrefix: f.identityPrefix }),
+            );
+          }
           const violations = [
             ...report.violations,
             ...report.serverViolations,
