@@ -16,18 +16,25 @@ import { watchStalls } from "./_stalls.ts";
 
 const now = wallNow;
 const encoder = new TextEncoder();
-let lines: string[] = [];
+/** The records not printed yet, and the moments they were timestamped. */
+let records: Record<string, unknown>[] = [];
+let times: number[] = [];
 /** The writes queued so far, in order; settled once all of them are out. */
 let writing: Promise<void> = Promise.resolve();
 /**
- * Queues the lines printed since the last flush (one write, not one per event). Not a blocking
+ * Prints the records kept since the last flush (one write, not one per event). Not a blocking
  * write: a batch of thousands of lines fills the pipe (64 KiB) and would hold the member's event
  * loop until the reader caught up (8 ms of a leave at 10,000 shards over 3, between the end of the
  * terms and the unlock).
  */
 function flush(): void {
-  const out = encoder.encode(lines.join(""));
-  lines = [];
+  let text = "";
+  for (let i = 0; i < records.length; i++) {
+    text += JSON.stringify({ t: times[i], ...records[i] }) + "\n";
+  }
+  records = [];
+  times = [];
+  const out = encoder.encode(text);
   writing = writing.then(() => writeAll(out));
 }
 async function writeAll(out: Uint8Array): Promise<void> {
@@ -35,13 +42,15 @@ async function writeAll(out: Uint8Array): Promise<void> {
   while (out.length > 0) out = out.subarray(await Deno.stdout.write(out));
 }
 /**
- * Timestamps `record` now and prints it once the current run of events is over (a microtask),
- * so that a member announcing thousands of shards in one go is not slowed by a write per shard:
- * the timestamp is the event's, the write comes after the batch.
+ * Timestamps `record` now and prints it after the current run of events (a timer, not a
+ * microtask): a member announcing or ending thousands of terms in one go pays a timestamp per
+ * event, not a JSON line (the line is made once the member has sent its next statement, e.g. the
+ * leave's unlock after its `released` events). The timestamp is the event's.
  */
 function print(record: Record<string, unknown>): void {
-  if (lines.length === 0) queueMicrotask(flush);
-  lines.push(JSON.stringify({ t: now(), ...record }) + "\n");
+  if (records.length === 0) setTimeout(flush, 0);
+  times.push(now());
+  records.push(record);
 }
 
 const config = JSON.parse(Deno.args[0] ?? "{}") as
