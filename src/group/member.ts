@@ -25,12 +25,13 @@
  *    `max_locks_per_transaction`) it leads what fits, reports the rest once (an error event) and
  *    tries more every 5 ticks, instead of losing its session.
  * 5. While a shard the assignment gives it is still held by another member, try-locks those
- *    every `handoverPollMs` until the next tick, so a handover leaves the shard without a leader
- *    for about one poll period instead of one health interval.
+ *    every `handoverPollMs` until the next tick (a probe per holder first: handover_poll.ts), so
+ *    a handover leaves the shard without a leader for about one poll period instead of one health
+ *    interval.
  *
  * 6. Woken at once, between ticks, when its watcher session (watcher.ts) sees the next member in
- *    the ring go (its session ended, or it left): it runs two ticks a poll period apart that take
- *    every free shard, keeps those assigned to others until the first tick a health interval
+ *    the ring go (its session ended, or it left): it try-locks that member's shards at once (in
+ *    take_order.ts's order), then runs two ticks a poll period apart that take every free shard, keeps those assigned to others until the first tick a health interval
  *    later, and hands them over then. A dead member's shards are so led again within
  *    milliseconds of the server noticing its end (plus `settleMs`), not at the next tick.
  *
@@ -96,6 +97,8 @@ import { Coverage, RESCUE_EXTRA_TICKS } from "./coverage.ts";
 import { BELL_FLOOD_PER_S, BellFlood } from "./bell_flood.ts";
 import { ADOPTED_HOLD_TICKS, Holds } from "./holds.ts";
 import { HandoverNotices } from "./handover_notices.ts";
+import { TakeOrder, type TakeView } from "./take_order.ts";
+import { HandoverPolls } from "./handover_poll.ts";
 import { joinAsks, parseAsk } from "./join_asks.ts";
 import { RingWatcher, watcherSettings } from "./watcher.ts";
 import { movedSessionError, sharedSessionError } from "../pg/pooler.ts";
@@ -225,8 +228,6 @@ const TAKEOVER_FIRST_PART = 0.55;
 const MIN_ACQUIRE_CHUNK = 16;
 /** The least time between two handover polls when bells ask for them. */
 const POLL_MIN_GAP_MS = 10;
-/** A holder with at most this many polled shards has them all tried at every poll (see #poll). */
-const POLL_ALL_UP_TO = 8;
 /** While the lock table is full, more shards are tried every this many ticks. */
 const FULL_RETRY_TICKS = 5;
 
@@ -1294,7 +1295,7 @@ export class GroupMember {
         : undefined;
       const watched = nextInRing(this.#ringMembers!, this.#memberId);
       if (!takeover) this.#prepareSpare(assignment.members, watched);
-      this.#prepareTake(watched);
+      this.#takeOrder.prepare(watched, this.#takeView);
       await sleep(nextTick - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
       if (this.#sessionLost.aborted && !this.#stop.signal.aborted) {
         throw new SessionEnded(this.#owner.lastError);
@@ -1358,111 +1359,35 @@ export class GroupMember {
   async #takeGone(): Promise<void> {
     const gone = this.#gone!;
     this.#gone = undefined;
-    const theirs = this.#takeOrder(gone);
+    const theirs = this.#takeOrder.of(gone, this.#takeView);
     if (theirs.length === 0) return;
     this.#holds.keep(await this.#acquire(theirs, false, true), this.#tick + TAKEOVER_TICKS + 1);
   }
 
-  /**
-   * The order a takeover of `memberId` tries its shards in, from the last tick's view: first
-   * what that view saw it hold within its share, then the rest of its share (it may have taken
-   * shards since that tick, up to a health interval ago), then the rest of what it held (that
-   * view may be as old: a move it made since, a join's, left those to others). Kept per view for
-   * the member the watcher waits on, made at the end of the tick ({@linkcode #prepareTake}): at
-   * the takeover it cost 2-8 ms (10,000 shards over 3 members, code that runs once per takeover).
-   *
-   * @param memberId The member that went.
-   * @returns Its shards, in that order (none when the view did not see it).
-   */
-  #takeOrder(memberId: number): readonly number[] {
-    const cached = this.#takeCache;
-    if (
-      cached?.memberId === memberId && cached.heldBy === this.#lastHeldBy &&
-      cached.current === this.#current && cached.pids === this.#lastMemberPid
-    ) {
-      return cached.order;
-    }
-    const pid = this.#lastMemberPid.get(memberId);
-    if (pid === undefined) return [];
-    const seen = this.#lastHeldBy.get(pid) ?? [];
-    const share = new Set(
-      this.#current?.members.includes(memberId) ? this.#current.byMember.get(memberId) : [],
-    );
-    const seenSet = new Set(seen);
-    return [
-      ...seen.filter((k) => share.has(k)),
-      ...[...share].filter((k) => !seenSet.has(k)),
-      ...seen.filter((k) => !share.has(k)),
-    ];
+  /** The order of a takeover's try-locks, made ahead for the member the watcher waits on. */
+  readonly #takeOrder = new TakeOrder();
+
+  /** The parts of the last tick's view a takeover's order is made from. */
+  get #takeView(): TakeView {
+    return { heldBy: this.#lastHeldBy, assignment: this.#current, pidOf: this.#lastMemberPid };
   }
 
-  /** {@linkcode #takeOrder} of the member the watcher waits on, kept for the current view. */
-  #takeCache:
-    | {
-      memberId: number;
-      heldBy: unknown;
-      current: unknown;
-      pids: unknown;
-      order: readonly number[];
-    }
-    | undefined;
-
-  /** Makes {@linkcode #takeOrder} of `memberId` ahead of a takeover (end of a tick). */
-  #prepareTake(memberId: number | undefined): void {
-    if (memberId === undefined) {
-      this.#takeCache = undefined;
-      return;
-    }
-    const order = this.#takeOrder(memberId);
-    this.#takeCache = {
-      memberId,
-      heldBy: this.#lastHeldBy,
-      current: this.#current,
-      pids: this.#lastMemberPid,
-      order,
-    };
-  }
-
-  /** How many handover polls ran (rotates each holder's probe). */
-  #polls = 0;
+  /** What each handover poll tries (handover_poll.ts). */
+  readonly #polls = new HandoverPolls();
 
   /**
    * One handover poll of `pending` (shards assigned here, or swept, that other sessions held at
-   * the last tick): per holder, a member unlocks the shards it hands over in one statement, so
-   * one try-lock of a probe per holder (a different one each poll) says whether its batch is
-   * free, and only then are the rest of its shards tried. A poll costs a statement of a few
-   * try-locks instead of thousands, twenty times a second while a move waits for its drain
-   * (at 10,000 shards the full polls kept a core of the server busy and slowed the handover
-   * they waited for). A holder's shards freed apart from its probe are taken at the next tick.
+   * the last tick): a probe per holder, then the rest of the holders whose probe was free
+   * ({@linkcode HandoverPolls}).
    *
    * @param pending The shards to poll.
    * @returns The shards taken.
    */
   async #poll(pending: readonly number[]): Promise<number[]> {
-    const byHolder = new Map<number, number[]>();
-    for (const k of pending) {
-      const holder = this.#lastHolderOf.get(k) ?? 0;
-      const list = byHolder.get(holder);
-      if (list) list.push(k);
-      else byHolder.set(holder, [k]);
-    }
-    const round = this.#polls++;
-    const probes: number[] = [];
-    for (const list of byHolder.values()) {
-      if (list.length <= POLL_ALL_UP_TO) probes.push(...list);
-      else probes.push(list[round % list.length]!);
-    }
-    const got = await this.#acquire(probes);
+    const poll = this.#polls.next(pending, this.#lastHolderOf);
+    const got = await this.#acquire(poll.probes);
     if (got.length === 0) return got;
-    const rest: number[] = [];
-    for (const k of got) {
-      const holder = this.#lastHolderOf.get(k) ?? 0;
-      const list = byHolder.get(holder);
-      // A holder's list is tried in full once (all its shards were probes when it had few).
-      if (list === undefined) continue;
-      byHolder.delete(holder);
-      if (list.length > POLL_ALL_UP_TO) rest.push(...list.filter((x) => x !== k));
-    }
+    const rest = poll.rest(got);
     return rest.length === 0 ? got : [...got, ...(await this.#acquire(rest))];
   }
 
