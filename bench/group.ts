@@ -585,7 +585,8 @@ Measured ${env.date} on ${env.cpus} cores, PostgreSQL ${env.postgres}, Deno ${en
 load average at the end ${env.loadavg.map((l) => l.toFixed(2)).join(" ")}${
   quick ? " (--quick)" : ""
 }. Library defaults: healthIntervalMs 1000, leaseMs 3000, settleMs 10, handoverPollMs 50. Every
-member is a separate Deno process; times include process start-up (about 100-300 ms).
+member is a separate Deno process (tests/group/_member.ts: its listeners timestamp each event and
+print it as a JSON line after the run of events); times include process start-up (about 100-300 ms).
 
 - connections: the members' server sessions (pg_stat_activity), counted ${
   (SWITCH_GRACE_MS + 1000) / 1000
