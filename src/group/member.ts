@@ -231,6 +231,22 @@ const POLL_MIN_GAP_MS = 10;
 /** While the lock table is full, more shards are tried every this many ticks. */
 const FULL_RETRY_TICKS = 5;
 
+/** A joiner's handover request as a member kept it ({@linkcode GroupMember}'s `#hearAsk`). */
+interface HeardAsk {
+  /** The requester's backend pid. */
+  readonly pid: number;
+  /** The joiner's member id. */
+  readonly joiner: number;
+  /** The digest of the view the request was computed from. */
+  readonly digest: string;
+  /** The shards asked for (a request in several payloads adds to them). */
+  readonly keys: number[];
+  /** The quiet view it was checked against. */
+  readonly seen: Observation;
+  /** This member's terms epoch then. */
+  readonly termsEpoch: number;
+}
+
 /** One member's run, from start to stop. */
 export class GroupMember {
   readonly #config: MemberConfig;
@@ -373,16 +389,7 @@ export class GroupMember {
    * A joiner's handover request heard while quiet and checked against the quiet view (see
    * {@linkcode #hearAsk}): handed over by the next tick before it reads pg_locks.
    */
-  #ask:
-    | {
-      pid: number;
-      joiner: number;
-      digest: string;
-      keys: number[];
-      seen: Observation;
-      termsEpoch: number;
-    }
-    | undefined;
+  #ask: HeardAsk | undefined;
   /** A bell's wake deferred by {@linkcode #bellGapMs}. */
   #bellTimer: ReturnType<typeof setTimeout> | undefined;
 
@@ -1040,6 +1047,7 @@ export class GroupMember {
       const sentAt = clock();
       this.#tickStartedAt = sentAt;
       this.#joinHeard = false;
+      const before = this.#lastSeen;
       const seen = await this.#observe();
       this.#renew(sentAt);
       this.#tick++;
@@ -1060,6 +1068,19 @@ export class GroupMember {
           throw new SessionEnded(this.#owner.lastError);
         }
         continue;
+      }
+      // A joiner's request heard while this read was in flight, or put off for it, and checked
+      // against the quiet view before it: handed over now, before this tick's work for the new
+      // membership (at 10,000 x 10 that work took 280-430 ms while every member ticked at once,
+      // and the joiner waited for it).
+      // (Set by #hearAsk or #handOverAsked while this tick awaited: not the `undefined` above.)
+      const early = this.#ask as HeardAsk | undefined;
+      let handed: ReadonlySet<number> = new Set();
+      if (early !== undefined && !takeover && this.#askable(early.joiner, before) === early.seen) {
+        this.#ask = undefined;
+        const unlocked = await this.#handOver(early);
+        if (Array.isArray(unlocked)) handed = new Set(unlocked);
+        if (this.#gone !== undefined || this.#stop.signal.aborted) continue;
       }
       this.#quiet = undefined;
       const mine = new Set(seen.mine);
@@ -1132,8 +1153,9 @@ export class GroupMember {
       }
 
       // Locks this session holds without a term (a statement that failed half-way): unlock.
+      // Not those just handed over: unlocked after this read.
       const stray = seen.mine.filter((k) =>
-        !this.#terms.has(k) && !this.#draining.has(k) && !this.#outwaiting.has(k)
+        !this.#terms.has(k) && !this.#draining.has(k) && !this.#outwaiting.has(k) && !handed.has(k)
       );
       this.#coverage.forgetRescuesNotUnder(this.#membersKey);
       const kept = (k: number) => this.#coverage.kept(k, this.#tick);
@@ -1564,11 +1586,14 @@ export class GroupMember {
    * (balance.ts, holdingsDigest): its last tick was quiet with that view and the same terms,
    * `joiner` is no member of it, and nothing is in flight (no member gone or counted absent, no
    * drain, unlock, lease wait or sweep, a lock table not full). `undefined` otherwise.
+   *
+   * @param joiner The joiner's member id.
+   * @param lastSeen The last view this member read (the one before a tick's read in flight).
    */
-  #askable(joiner: number): Observation | undefined {
+  #askable(joiner: number, lastSeen = this.#lastSeen): Observation | undefined {
     const quiet = this.#quiet;
     if (
-      quiet?.holdings === undefined || this.#lastSeen !== quiet.seen ||
+      quiet?.holdings === undefined || lastSeen !== quiet.seen ||
       quiet.termsEpoch !== this.#termsEpoch || joiner === this.#memberId ||
       this.#lastMemberPid.has(joiner)
     ) {
@@ -1629,9 +1654,36 @@ export class GroupMember {
    * wakes it sooner: at a join every old member read the whole lock table at once, and those
    * reads shared the cores with the joiner's try-locks.
    */
-  async #handOverAsked(
-    ask: { pid: number; joiner: number; keys: number[]; seen: Observation; termsEpoch: number },
-  ): Promise<void> {
+  async #handOverAsked(ask: HeardAsk): Promise<void> {
+    const handed = await this.#handOver(ask);
+    if (handed === "due") {
+      // Handed over right after the tick's read, which goes first (see #handOver).
+      this.#ask = ask;
+      return;
+    }
+    if (handed === undefined) return;
+    // The bell's tick is this one, later: not at a bell's timer among the other old members'.
+    clearTimeout(this.#bellTimer);
+    this.#bellTimer = undefined;
+    // At the regular tick, not later: the lease was renewed by the last tick's read, and only
+    // the next one renews it (reading later lost the lease at a join: 8 old members of 30 in an
+    // attack at healthIntervalMs 100, leaseMs 200). Not sooner either: the old members' ticks
+    // then fall where their regular ticks were, spread over the interval, not among the joiner's
+    // try-locks (a quarter to half an interval after the handover, they did).
+    const next = this.#tickStartedAt + this.#config.healthIntervalMs;
+    await sleep(next - this.#config.clock(), [
+      this.#stop.signal,
+      this.#sessionLost,
+      this.#wake.signal,
+    ]);
+  }
+
+  /**
+   * The handover of {@linkcode #handOverAsked}, checked and done: the shards unlocked (those
+   * still draining are unlocked by a later tick), `"due"` when the regular tick is due, its read
+   * first, or `undefined` when the request is refused or names nothing this member still leads.
+   */
+  async #handOver(ask: HeardAsk): Promise<number[] | "due" | undefined> {
     const { clock, healthIntervalMs, key1, shards } = this.#config;
     if (ask.termsEpoch !== this.#termsEpoch) return;
     // No more than a join moves from this member: what it holds beyond its smallest share with
@@ -1649,7 +1701,7 @@ export class GroupMember {
     // the lease it would have had. Handing over first delayed it by the unlock's statements too,
     // and a member lost its lease at a join on a loaded machine (attack helper-21, 2 of 7 runs
     // at healthIntervalMs 200).
-    if (clock() > this.#tickStartedAt + healthIntervalMs) return;
+    if (clock() > this.#tickStartedAt + healthIntervalMs) return "due";
     // Terms may have ended while the statement ran (a fenced call's failure, a stop).
     const mine = new Set(ask.seen.mine);
     const keys = [...new Set(ask.keys)].filter((k) => this.#terms.has(k) && mine.has(k));
@@ -1660,16 +1712,7 @@ export class GroupMember {
     const toUnlock = this.#drained(clock());
     if (toUnlock.length > 0) await this.#unlock(toUnlock);
     this.#coverage.handedOver(toUnlock, this.#tick);
-    // The bell's tick is this one, later: not at a bell's timer among the other old members'.
-    clearTimeout(this.#bellTimer);
-    this.#bellTimer = undefined;
-    // At the regular tick, not later: the lease was renewed by the last tick's read, and only
-    // the next one renews it (reading later lost the lease at a join: 8 old members of 30 in an
-    // attack at healthIntervalMs 100, leaseMs 200). Not sooner either: the old members' ticks
-    // then fall where their regular ticks were, spread over the interval, not among the joiner's
-    // try-locks (a quarter to half an interval after the handover, they did).
-    const next = this.#tickStartedAt + healthIntervalMs;
-    await sleep(next - clock(), [this.#stop.signal, this.#sessionLost, this.#wake.signal]);
+    return toUnlock;
   }
 
   /**
