@@ -387,7 +387,8 @@ export class GroupMember {
   #quiet: { seen: Observation; termsEpoch: number; holdings: string | undefined } | undefined;
   /**
    * A joiner's handover request heard while quiet and checked against the quiet view (see
-   * {@linkcode #hearAsk}): handed over by the next tick before it reads pg_locks.
+   * {@linkcode #hearAsk}): handed over by the next tick before it reads pg_locks, or right after
+   * the read of a tick that was in flight (or due: {@linkcode #handOver}).
    */
   #ask: HeardAsk | undefined;
   /** A bell's wake deferred by {@linkcode #bellGapMs}. */
