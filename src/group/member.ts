@@ -1074,10 +1074,18 @@ export class GroupMember {
       // against the quiet view before it: handed over now, before this tick's work for the new
       // membership (at 10,000 x 10 that work took 280-430 ms while every member ticked at once,
       // and the joiner waited for it).
+      // Only while the lease has two health intervals left after this read: the handover's
+      // statements (the sender's check, the unlock, its bell) come before the tick's own work,
+      // and the next read, the next renewal, is due an interval later. At the shortest lease
+      // (twice the interval) old members lost it so beside five busy loops (3 joins of about
+      // 20), never without this; the request is then handed over by this tick's own work.
       // (Set by #hearAsk or #handOverAsked while this tick awaited: not the `undefined` above.)
       const early = this.#ask as HeardAsk | undefined;
       let handed: ReadonlySet<number> = new Set();
-      if (early !== undefined && !takeover && this.#askable(early.joiner, before) === early.seen) {
+      if (
+        early !== undefined && !takeover && this.#askable(early.joiner, before) === early.seen &&
+        this.#lease.deadline - clock() >= 2 * healthIntervalMs
+      ) {
         this.#ask = undefined;
         const unlocked = await this.#handOver(early);
         if (Array.isArray(unlocked)) handed = new Set(unlocked);
