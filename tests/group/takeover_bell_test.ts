@@ -54,6 +54,33 @@ async function backendOf(pg: TestPostgres, member: MemberProcess): Promise<numbe
   return Number(row?.pid);
 }
 
+/** Whether a watcher session waits on the member lock of `memberId` (its end grants it). */
+async function watched(pg: TestPostgres, key1: number, memberId: number): Promise<boolean> {
+  return (await pg.query(
+    `SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+        AND ((classid::int8 << 32) | objid::int8) = $1::int8`,
+    [memberKey(key1, memberId)],
+  )).length > 0;
+}
+
+/** Waits until whether a watcher waits on `memberId`'s member lock is `expected`. */
+async function untilWatched(
+  pg: TestPostgres,
+  key1: number,
+  memberId: number,
+  what: string,
+  expected = true,
+  timeoutMs = 20_000,
+): Promise<void> {
+  for (
+    const end = performance.now() + timeoutMs;
+    (await watched(pg, key1, memberId)) !== expected;
+  ) {
+    assert.ok(performance.now() < end, what);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
 /** SIGKILLs `victim`; how long until every shard is led by a live member. */
 async function killAndTime(pg: TestPostgres, key1: number, victim: MemberProcess) {
   const backend = await backendOf(pg, victim);
@@ -94,8 +121,13 @@ Deno.test({
     "the member back under a new backend",
     5,
   );
-  // Past the watcher's make-before-break grace (1 s) for a member that joins, within the lease.
-  await new Promise((resolve) => setTimeout(resolve, 1500));
+  // Past the watcher's make-before-break grace (1 s) for a member that joins, within the lease:
+  // once a watcher waits on its member lock again (opening the new watcher session can take
+  // hundreds of ms on a loaded machine, on top of the grace).
+  await new Promise((resolve) => setTimeout(resolve, 1000));
+  const victimId = victim.records.find((r) => r.type === "ready")?.memberId;
+  assert.ok(victimId !== undefined, "the victim's member id");
+  await untilWatched(pg, key1, victimId, "a watcher waits on the victim's member lock again");
   const ms = await killAndTime(pg, key1, victim);
   assert.ok(ms < FAST_MS, `led again ${Math.round(ms)} ms after the SIGKILL (a tick: 3 s)`);
 });
@@ -135,6 +167,9 @@ Deno.test({
     await new Promise((resolve) => setTimeout(resolve, 2000));
     const before = await viewGroup(pg, key1, N);
     assert.ok(isBalanced(before, N, 3), "the forged bells took no shard from the live member");
+    // A watcher waits on the victim while the forgery goes on (at the start, the ring's watcher
+    // sessions may still be opening on a loaded machine).
+    await untilWatched(pg, key1, victimId, "a watcher waits on the victim's member lock");
     const ms = await killAndTime(pg, key1, victim);
     assert.ok(forged >= 8, `${forged} forged rounds`);
     assert.ok(ms < FAST_MS, `led again ${Math.round(ms)} ms after the SIGKILL (a tick: 3 s)`);
@@ -186,23 +221,17 @@ Deno.test({
       }
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
-    const waiting = async (memberId: number) =>
-      (await pg.query(
-        `SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
-            AND ((classid::int8 << 32) | objid::int8) = $1::int8`,
-        [memberKey(key1, memberId)],
-      )).length > 0;
-    const waitFor = async (memberId: number, what: string, watched = true, timeoutMs = 20_000) => {
-      for (const end = performance.now() + timeoutMs; (await waiting(memberId)) !== watched;) {
-        assert.ok(performance.now() < end, what);
-        await new Promise((resolve) => setTimeout(resolve, 50));
-      }
-    };
     // The member before it in the ring first watches the forged member (a member like any
     // other), and once the forged member's share was seen long free (adoptAfterTicks + 3 ticks),
     // the victim again.
-    await waitFor(forgedId, "a watcher waits on the forged member lock");
-    await waitFor(victimId, "nobody waits on the victim (the watcher moved on)", false);
+    await untilWatched(pg, key1, forgedId, "a watcher waits on the forged member lock");
+    await untilWatched(
+      pg,
+      key1,
+      victimId,
+      "nobody waits on the victim (the watcher moved on)",
+      false,
+    );
     // The member before the forged one leaves it out of its ring once its own views saw the
     // forged share free for adoptAfterTicks + 3 ticks (5 s here). When another member rescued
     // the shard first, its views never did: the rescue hold (10 ticks) and a second free streak
@@ -210,7 +239,14 @@ Deno.test({
     // others; the same before the handover notices). When another member rescues it first again,
     // the hold doubles (20 ticks): about 45 s (the full suite timed out at 40 s once in six runs;
     // alone, three runs took 10, 10 and 24 s).
-    await waitFor(victimId, "a watcher waits on the victim's member lock again", true, 70_000);
+    await untilWatched(
+      pg,
+      key1,
+      victimId,
+      "a watcher waits on the victim's member lock again",
+      true,
+      70_000,
+    );
     const ms = await killAndTime(pg, key1, victim);
     assert.ok(ms < FAST_MS, `led again ${Math.round(ms)} ms after the SIGKILL (a tick: 1 s)`);
   } finally {
