@@ -17,7 +17,7 @@ import { askPayloads } from "../../src/group/join_asks.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import { checkShards, isBalanced, MemberProcess, violations, waitForView } from "./_harness.ts";
 import { until } from "../_helpers.ts";
-import { type Stall, watchStalls } from "./_stalls.ts";
+import { type Stall, watchServerStalls, watchStalls } from "./_stalls.ts";
 
 const N = 60;
 const HEALTH_MS = 300;
@@ -253,8 +253,9 @@ Deno.test({
   // backend held off the CPU for ~80 ms misses a renewal (the suite's parallel files do that on 2
   // cores; beside three busy loops this test lost leases in 3 runs of 3, and so did a copy with
   // plain pauses instead of the joins). So every process here, this one too, records its event
-  // loop's stalls, and a loss counts against the schedule only if no process stalled 40 ms or
-  // more between the member's last renewal and the loss.
+  // loop's stalls, a session of this process records the server's (a slow `pg_sleep(0.01)`: a
+  // backend held off the CPU), and a loss counts against the schedule only if nothing stalled
+  // 40 ms or more between the member's last renewal and the loss.
   await using pg = await startPostgres();
   const key1 = 7373;
   const healthIntervalMs = 100;
@@ -269,6 +270,7 @@ Deno.test({
   });
   const ownStalls: Stall[] = [];
   const stopWatching = watchStalls(STALL_MS, (stall) => ownStalls.push(stall));
+  const stopWatchingServer = await watchServerStalls(pg.dsn, STALL_MS, (s) => ownStalls.push(s));
   const all = [0, 1, 2].map((i) => new MemberProcess(`old${i}`, options(`old${i}`)));
   const olds = [...all];
   try {
@@ -311,6 +313,7 @@ Deno.test({
     assert.deepEqual(violations(checkShards(all, 2 * healthIntervalMs)), []);
   } finally {
     stopWatching();
+    await stopWatchingServer();
     await Promise.all(all.map((m) => m.dispose()));
   }
 });
