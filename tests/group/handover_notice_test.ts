@@ -171,8 +171,12 @@ Deno.test({
         const at = takenBy(a, theirs, leftAt);
         for (const [i, t] of at.entries()) {
           assert.ok(t !== undefined, `shard ${theirs[i]} announced by a`);
-          // The settle alone would be 1,000 ms after the grant.
-          assert.ok(t - leftAt < SETTLE_MS / 2, `shard ${theirs[i]}: ${Math.round(t - leftAt)} ms`);
+          // The settle alone would be 1,000 ms after the grant, which came after the leave: any
+          // sooner is the notice (the margin is for a starved machine, not a settle).
+          assert.ok(
+            t - leftAt < SETTLE_MS - 50,
+            `shard ${theirs[i]}: ${Math.round(t - leftAt)} ms`,
+          );
         }
       },
     );
