@@ -130,7 +130,9 @@ export interface LeaderGroupOptions extends ConnectionOptions {
    *   grant's answer arrived, the longest time the previous holder could still believe it leads;
    *   the ticks renew the member's lease meanwhile. Then no two members believe they lead a
    *   shard at the same instant, fenced or not; takeovers take about a lease longer. A shutdown
-   *   during the wait releases the shard unannounced; a rebalance move waits for the announce.
+   *   during the wait releases the shard unannounced by ending the member's session, not by an
+   *   unlock, so that its next holder waits out the same lease (and so do its other shards: a
+   *   shutdown then counts as a member gone); a rebalance move waits for the announce.
    *
    * Every member of a group must use the same `leaseMs` (a shorter one is safe too).
    *

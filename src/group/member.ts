@@ -273,6 +273,13 @@ export class GroupMember {
    */
   #prevOthers: ReadonlySet<number> = new Set();
   #prevHolders: readonly number[] = [];
+  /**
+   * `takeover: "safe"`: the shards this session held at the last tick and the tick before: one
+   * it has since unlocked on purpose (a move, after its term ended) and takes again was held
+   * until then as surely as one seen held by another session.
+   */
+  #lastMine: ReadonlySet<number> = new Set();
+  #prevMine: ReadonlySet<number> = new Set();
   /** The last tick's view: sessions that held shards without a member lock (leaving members). */
   #lastLeavers: ReadonlySet<number> = new Set();
   /** Backend pids that rang a `left` bell, and when (the member's clock; kept two leases). */
@@ -651,6 +658,8 @@ export class GroupMember {
       clearTimeout(timer);
     }
     const session = this.#owner.session;
+    // What an earlier session held was freed by its end, not on purpose (#handedOver).
+    this.#lastMine = this.#prevMine = new Set();
     this.#owner.lost.addEventListener("abort", () => {
       if (this.#owner.session !== session) return;
       // At once, not at the loop's next step: every term's signal aborts as soon as the
@@ -880,7 +889,14 @@ export class GroupMember {
   async #leaveAndClose(): Promise<void> {
     const session = this.#session;
     this.#releaseTerms([...this.#terms.keys()], "shutdown");
-    if (session && !session.isEnded) {
+    // Safe mode: a shard that still waits out a gone holder's lease (or whose grant is not
+    // checked yet) must not look handed over: unlocked by a live session, or by one that rang
+    // `left`, its next holder would announce it after the settle while that holder, frozen, may
+    // still believe it leads (2.2 s of overlap in safe_takeover_test before). Such a member
+    // leaves as a gone one does: its session just ends, and every shard it held waits a lease.
+    const unsettled = this.#config.takeover === "safe" &&
+      (this.#outwaiting.size > 0 || this.#unannounced.length > 0);
+    if (session && !session.isEnded && !unsettled) {
       try {
         const held = [
           ...new Set([
@@ -1060,6 +1076,7 @@ export class GroupMember {
         this.#observer.renewed(this.#terms.size, this.#lease.deadline);
         this.#prevOthers = this.#lastOthers;
         this.#prevHolders = this.#lastHolders;
+        this.#prevMine = this.#lastMine;
         this.#watcher?.watch(nextInRing(this.#ringMembers!, this.#memberId));
         await sleep(sentAt + healthIntervalMs - clock(), [
           this.#stop.signal,
@@ -1128,6 +1145,8 @@ export class GroupMember {
       this.#prevOthers = this.#lastOthers;
       this.#prevHolders = this.#lastHolders;
       this.#lastOthers = others;
+      this.#prevMine = this.#lastMine;
+      this.#lastMine = mine;
       this.#lastHolderOf = seen.holderOf;
       this.#lastHeldBy = seen.heldBy;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
@@ -2051,18 +2070,25 @@ export class GroupMember {
 
   /**
    * `takeover: "safe"`: which of `keys`, just granted, were handed over: seen held by another
-   * session at one of the last two ticks, and every member session that held shards then still
-   * holds its member lock now, after the grant. A session-level lock is freed only by an unlock or the
-   * session's end, so a shard freed while its holder's session lives was unlocked on purpose,
-   * after its term ended. A holder without a member lock is a member leaving (it ends its terms
-   * before its leave, and unlocks its shards after) or a session that is no member (no term).
-   * Conservative on purpose: when any member session that held shards is gone, none of the
-   * grant's shards count as handed over, not even those whose own holder lives: between the
-   * last tick and the grant the shard may have passed through the member that went (a watcher's
-   * takeover takes a shard the moment it is freed), which may still believe it leads.
+   * session, or by this one, at one of the last two ticks, and every member session that held
+   * shards then still holds its member lock now, after the grant. A session-level lock is freed
+   * only by an unlock or the session's end, so a shard freed while its holder's session lives was
+   * unlocked on purpose, after its term ended. A holder without a member lock is a member leaving
+   * (it ends its terms before its leave, and unlocks its shards after) or a session that is no
+   * member (no term). Conservative on purpose: when any member session that held shards is gone,
+   * none of the grant's shards count as handed over, not even those whose own holder lives:
+   * between the last tick and the grant the shard may have passed through the member that went
+   * (a watcher's takeover takes a shard the moment it is freed), which may still believe it leads.
+   * A shard this session held then and moved (a leave right after a move to the leaver, before
+   * this member read the group again) counts as well: it then passed only through members this
+   * check covers, as one seen held by another does; without it, a taker that read only after the
+   * leaver's unlock counted such a shard as taken from a gone holder and waited a lease.
    */
   async #handedOver(keys: readonly number[]): Promise<Set<number>> {
-    const seenHeld = keys.filter((k) => this.#lastOthers.has(k) || this.#prevOthers.has(k));
+    const seenHeld = keys.filter((k) =>
+      this.#lastOthers.has(k) || this.#prevOthers.has(k) || this.#lastMine.has(k) ||
+      this.#prevMine.has(k)
+    );
     if (seenHeld.length === 0) return new Set();
     const sentAt = this.#config.clock();
     const now = await this.#observe();
