@@ -280,6 +280,13 @@ export class GroupMember {
    */
   #lastMine: ReadonlySet<number> = new Set();
   #prevMine: ReadonlySet<number> = new Set();
+  /**
+   * `takeover: "safe"`: the backend pids of the other member sessions at the last tick and the
+   * tick before, whether they held shards or not: a shard moved to a joiner that held none then
+   * may have passed through it.
+   */
+  #lastMembers: readonly number[] = [];
+  #prevMembers: readonly number[] = [];
   /** The last tick's view: sessions that held shards without a member lock (leaving members). */
   #lastLeavers: ReadonlySet<number> = new Set();
   /** Backend pids that rang a `left` bell, and when (the member's clock; kept two leases). */
@@ -1077,6 +1084,7 @@ export class GroupMember {
         this.#prevOthers = this.#lastOthers;
         this.#prevHolders = this.#lastHolders;
         this.#prevMine = this.#lastMine;
+        this.#prevMembers = this.#lastMembers;
         this.#watcher?.watch(nextInRing(this.#ringMembers!, this.#memberId));
         await sleep(sentAt + healthIntervalMs - clock(), [
           this.#stop.signal,
@@ -1147,6 +1155,8 @@ export class GroupMember {
       this.#lastOthers = others;
       this.#prevMine = this.#lastMine;
       this.#lastMine = mine;
+      this.#prevMembers = this.#lastMembers;
+      this.#lastMembers = seen.members.flatMap((m) => m.pid === seen.backendPid ? [] : [m.pid]);
       this.#lastHolderOf = seen.holderOf;
       this.#lastHeldBy = seen.heldBy;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
@@ -2082,7 +2092,11 @@ export class GroupMember {
    * A shard this session held then and moved (a leave right after a move to the leaver, before
    * this member read the group again) counts as well: it then passed only through members this
    * check covers, as one seen held by another does; without it, a taker that read only after the
-   * leaver's unlock counted such a shard as taken from a gone holder and waited a lease.
+   * leaver's unlock counted such a shard as taken from a gone holder and waited a lease. So the
+   * check covers every member session of those reads, not only those that held shards: a move
+   * goes to a member the mover's read saw, and a joiner that held nothing then, took the moved
+   * shard, announced it and was frozen with its backend ended still believes it leads (attack
+   * helper-29: the mover announced it again 1.5-1.6 s before that joiner's lease ended).
    */
   async #handedOver(keys: readonly number[]): Promise<Set<number>> {
     const seenHeld = keys.filter((k) =>
@@ -2098,9 +2112,12 @@ export class GroupMember {
     // was leaving (it leaves first, unlocks after): its unlock is on purpose. So is one whose
     // session rang `left` (the server names the notifying backend): it ended its terms before
     // its leave, even if this member's last tick still saw it a member.
-    const fine = [...this.#lastHolders, ...this.#prevHolders].every((pid) =>
-      alive.has(pid) || this.#lastLeavers.has(pid) || this.#leftRecently(pid)
-    );
+    const fine = [
+      ...this.#lastHolders,
+      ...this.#prevHolders,
+      ...this.#lastMembers,
+      ...this.#prevMembers,
+    ].every((pid) => alive.has(pid) || this.#lastLeavers.has(pid) || this.#leftRecently(pid));
     return fine ? new Set(seenHeld) : new Set();
   }
 

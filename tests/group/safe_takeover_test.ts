@@ -426,3 +426,69 @@ Deno.test({
     await Promise.all(all.map((m) => m.dispose()));
   }
 });
+
+Deno.test({
+  name: 'takeover: "safe": a member that moved shards to a joiner which is then frozen with its ' +
+    "backend ended announces them again only after the joiner's lease",
+  sanitizeResources: false,
+  sanitizeOps: false,
+}, async () => {
+  // Found by an attack (helper-29) on a rule that counted a shard this member itself held at its
+  // last reads as seen held: the joiner held nothing at those reads, so it was in no holder list,
+  // and the mover announced the shards again 1.5-1.6 s before the joiner's lease ended (8 of 11).
+  await using pg = await startPostgres();
+  const key1 = 8484;
+  const shards = 6;
+  const options = {
+    dsn: pg.dsn,
+    key1,
+    shards,
+    healthIntervalMs: 300,
+    leaseMs: 2000,
+    settleMs: SETTLE_MS,
+    takeover: "safe",
+  };
+  const old = new MemberProcess("f1", { ...options, identity: "f1" });
+  const all = [old];
+  try {
+    await until(
+      () => Promise.resolve(leading(old).size === shards),
+      2 * options.leaseMs + 10_000,
+      "f1 leads every shard",
+    );
+    const joiner = new MemberProcess("f2", { ...options, identity: "f2" });
+    all.push(joiner);
+    await until(
+      () => joiner.records.some((r) => r.type === "acquired"),
+      20_000,
+      "f2 announces a shard",
+    );
+    const backend = joiner.records.find((r) => r.type === "ready")!.backendPid!;
+    joiner.freeze();
+    const frozenAt = wallNow();
+    try {
+      assert.equal(await pg.terminateBackend(backend), true);
+      const theirs = new Set(leading(joiner));
+      assert.ok(theirs.size > 0, "f2 led a shard when frozen");
+      await allAnnounced([old], theirs, frozenAt, "f1 leads f2's shards again");
+      const leaseEnd = Math.max(
+        ...joiner.records.filter((r) => r.type === "lease").map((r) => r.until!),
+      );
+      const first = Math.min(
+        ...[...announcedAfter([old], theirs, frozenAt).values()].map((r) => r.t),
+      );
+      assert.ok(Number.isFinite(leaseEnd), "f2 printed its lease");
+      console.log(`f2's shards led again ${Math.round(first - leaseEnd)} ms after its lease ended`);
+      assert.ok(
+        first >= leaseEnd,
+        `announced ${Math.round(leaseEnd - first)} ms before f2's lease ended`,
+      );
+    } finally {
+      joiner.thaw();
+    }
+    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
+    assert.deepEqual(violations(checkShards(all, options.leaseMs)), []);
+  } finally {
+    await Promise.all(all.map((m) => m.dispose()));
+  }
+});
