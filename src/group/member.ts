@@ -2080,19 +2080,19 @@ export class GroupMember {
 
   /**
    * `takeover: "safe"`: which of `keys`, just granted, were handed over: seen held by another
-   * session, or by this one, at one of the last two ticks, and every member session that held
-   * shards then still holds its member lock now, after the grant. A session-level lock is freed
+   * session, or by this one, at one of the last two ticks, and every other member session of
+   * those ticks still holds its member lock now, after the grant. A session-level lock is freed
    * only by an unlock or the session's end, so a shard freed while its holder's session lives was
    * unlocked on purpose, after its term ended. A holder without a member lock is a member leaving
    * (it ends its terms before its leave, and unlocks its shards after) or a session that is no
-   * member (no term). Conservative on purpose: when any member session that held shards is gone,
+   * member (no term). Conservative on purpose: when any member session of those ticks is gone,
    * none of the grant's shards count as handed over, not even those whose own holder lives:
    * between the last tick and the grant the shard may have passed through the member that went
    * (a watcher's takeover takes a shard the moment it is freed), which may still believe it leads.
    * A shard this session held then and moved (a leave right after a move to the leaver, before
    * this member read the group again) counts as well: it then passed only through members this
    * check covers, as one seen held by another does; without it, a taker that read only after the
-   * leaver's unlock counted such a shard as taken from a gone holder and waited a lease. So the
+   * leaver's unlock counted such a shard as taken from a gone holder and waited a lease. The
    * check covers every member session of those reads, not only those that held shards: a move
    * goes to a member the mover's read saw, and a joiner that held nothing then, took the moved
    * shard, announced it and was frozen with its backend ended still believes it leads (attack
