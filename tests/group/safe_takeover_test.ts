@@ -8,7 +8,7 @@
  * @module
  */
 import assert from "node:assert/strict";
-import { startPostgres } from "../../testing.ts";
+import { startPostgres, type TestPostgres } from "../../testing.ts";
 import { LeaderGroup } from "../../src/group/leader_group.ts";
 import {
   checkShards,
@@ -67,6 +67,39 @@ async function allAnnounced(
   return Math.max(...[...announcedAfter(members, shards, since).values()].map((r) => r.t));
 }
 
+/** The options of this file's members: `takeover: "safe"` at this file's timings. */
+function safeOptions(dsn: string, key1: number, timings: Record<string, number> = {}) {
+  return {
+    dsn,
+    key1,
+    shards: N,
+    healthIntervalMs: HEALTH_MS,
+    leaseMs: LEASE_MS,
+    settleMs: SETTLE_MS,
+    takeover: "safe",
+    ...timings,
+  };
+}
+
+/** The backend pid of `member`'s own session (its application_name is its name). */
+async function backendOf(pg: TestPostgres, member: MemberProcess): Promise<number> {
+  const [row] = await pg.query(
+    `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
+    [member.name],
+  );
+  return Number(row?.pid);
+}
+
+/** Waits until the group of `members` over N shards is balanced and every shard announced. */
+async function untilSettled(pg: TestPostgres, key1: number, members: readonly MemberProcess[]) {
+  await waitForView(pg, key1, N, (v) => isBalanced(v, N, members.length), 30_000, "balanced");
+  await until(
+    () => Promise.resolve(members.reduce((n, m) => n + leading(m).size, 0) === N),
+    LEASE_MS * 2 + 5000,
+    "every shard announced",
+  );
+}
+
 Deno.test("LeaderGroup rejects a takeover mode that is neither fast nor safe", () => {
   assert.throws(
     () =>
@@ -91,15 +124,7 @@ Deno.test({
 }, async (t) => {
   await using pg = await startPostgres();
   const key1 = 8181;
-  const options = {
-    dsn: pg.dsn,
-    key1,
-    shards: N,
-    healthIntervalMs: HEALTH_MS,
-    leaseMs: LEASE_MS,
-    settleMs: SETTLE_MS,
-    takeover: "safe",
-  };
+  const options = safeOptions(pg.dsn, key1);
   const all: MemberProcess[] = [];
   const spawn = (name: string) => {
     const member = new MemberProcess(name, { ...options, identity: name });
@@ -107,21 +132,9 @@ Deno.test({
     return member;
   };
   const live = () => all.filter((m) => m.running);
-  const backendOf = async (member: MemberProcess) => {
-    const [row] = await pg.query(
-      `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
-      [member.name],
-    );
-    return Number(row?.pid);
-  };
   try {
     const [c1, c2, c3] = [spawn("c1"), spawn("c2"), spawn("c3")];
-    await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced");
-    await until(
-      () => Promise.resolve(all.reduce((n, m) => n + leading(m).size, 0) === N),
-      LEASE_MS * 2 + 5000,
-      "every shard announced",
-    );
+    await untilSettled(pg, key1, all);
 
     await t.step("a graceful leave hands its shards over in well under a lease", async () => {
       // Once every member has read the group twice since the last move: a taker counts a shard
@@ -178,7 +191,7 @@ Deno.test({
         );
         const shards = leading(c2);
         assert.ok(shards.size > 0, "c2 leads a shard");
-        const backend = await backendOf(c2);
+        const backend = await backendOf(pg, c2);
         c2.freeze();
         const frozenAt = wallNow();
         try {
@@ -285,25 +298,11 @@ Deno.test({
 }, async () => {
   await using pg = await startPostgres();
   const key1 = 8282;
-  const options = {
-    dsn: pg.dsn,
-    key1,
-    shards: N,
-    healthIntervalMs: HEALTH_MS,
-    leaseMs: LEASE_MS,
-    settleMs: SETTLE_MS,
-    takeover: "safe",
-  };
+  const options = safeOptions(pg.dsn, key1);
   const all = ["d1", "d2", "d3"].map((name) =>
     new MemberProcess(name, { ...options, identity: name })
   );
   const [d1, d2, d3] = all as [MemberProcess, MemberProcess, MemberProcess];
-  const pidOf = async (member: MemberProcess) =>
-    Number(
-      (await pg.query(`SELECT pid FROM pg_stat_activity WHERE application_name = $1`, [
-        member.name,
-      ]))[0]?.pid,
-    );
   /** key2 -> the backend pid that holds it. */
   const holders = async () =>
     new Map(
@@ -314,21 +313,16 @@ Deno.test({
       )).map((r) => [Number(r.k), Number(r.pid)]),
     );
   try {
-    await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced");
-    await until(
-      () => Promise.resolve(all.reduce((n, m) => n + leading(m).size, 0) === N),
-      LEASE_MS * 2 + 5000,
-      "every shard announced",
-    );
+    await untilSettled(pg, key1, all);
     const theirs = leading(d3);
     assert.ok(theirs.size > 0, "d3 leads a shard");
     // d3 frozen, its backend ended: the others take its shards and wait out its lease.
-    const backend = await pidOf(d3);
+    const backend = await backendOf(pg, d3);
     d3.freeze();
     const frozenAt = wallNow();
     try {
       assert.equal(await pg.terminateBackend(backend), true);
-      const [p1, p2] = [await pidOf(d1), await pidOf(d2)];
+      const [p1, p2] = [await backendOf(pg, d1), await backendOf(pg, d2)];
       let held = new Map<number, number>();
       await until(
         async () => {
@@ -386,26 +380,13 @@ Deno.test({
   // another's: counted only as seen held by others, it waited a lease (3.2 s in 4 of 6 runs).
   await using pg = await startPostgres();
   const key1 = 8383;
-  const options = {
-    dsn: pg.dsn,
-    key1,
-    shards: N,
-    healthIntervalMs: HEALTH_MS,
-    leaseMs: LEASE_MS,
-    settleMs: SETTLE_MS,
-    takeover: "safe",
-  };
+  const options = safeOptions(pg.dsn, key1);
   const all = ["e1", "e2", "e3"].map((name) =>
     new MemberProcess(name, { ...options, identity: name })
   );
   const [e1, ...takers] = all as [MemberProcess, MemberProcess, MemberProcess];
   try {
-    await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 30_000, "3 balanced");
-    await until(
-      () => Promise.resolve(all.reduce((n, m) => n + leading(m).size, 0) === N),
-      LEASE_MS * 2 + 5000,
-      "every shard announced",
-    );
+    await untilSettled(pg, key1, all);
     const shards = leading(e1);
     assert.ok(shards.size > 0, "e1 leads a shard");
     // The takers frozen across the leave: they read pg_locks only after e1's unlock.
@@ -439,15 +420,7 @@ Deno.test({
   await using pg = await startPostgres();
   const key1 = 8484;
   const shards = 6;
-  const options = {
-    dsn: pg.dsn,
-    key1,
-    shards,
-    healthIntervalMs: 300,
-    leaseMs: 2000,
-    settleMs: SETTLE_MS,
-    takeover: "safe",
-  };
+  const options = safeOptions(pg.dsn, key1, { shards, healthIntervalMs: 300, leaseMs: 2000 });
   const old = new MemberProcess("f1", { ...options, identity: "f1" });
   const all = [old];
   try {
