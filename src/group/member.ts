@@ -204,6 +204,35 @@ class LeaseExpired extends Error {
   }
 }
 
+/**
+ * What a tick's read of pg_locks tells `takeover: "safe"`'s check of a grant
+ * ({@linkcode GroupMember}'s `#handedOver`): who held what, and which member sessions there were.
+ */
+interface HandoverRead {
+  /** Shards other sessions held. */
+  readonly others: ReadonlySet<number>;
+  /**
+   * Shards this session held: one it has since unlocked on purpose (a move, after its term
+   * ended) and takes again was held until then as surely as one another session held.
+   */
+  readonly mine: ReadonlySet<number>;
+  /**
+   * Backend pids of the other member sessions, whether they held shards or not: a shard moved to
+   * a joiner that held none then may have passed through it.
+   */
+  readonly members: readonly number[];
+  /** Sessions that held shards without a member lock (leaving members). */
+  readonly leavers: ReadonlySet<number>;
+}
+
+/** No read yet. */
+const NO_READ: HandoverRead = {
+  others: new Set(),
+  mine: new Set(),
+  members: [],
+  leavers: new Set(),
+};
+
 /** Bound on a polite session end when stopping. */
 const END_TIMEOUT_MS = 1000;
 /**
@@ -264,34 +293,15 @@ export class GroupMember {
    * `announceAt` (the member's clock): key2 -> token and when.
    */
   readonly #outwaiting = new Map<number, { token: bigint; announceAt: number }>();
-  /** The last tick's view: shards other sessions held, and the member pids that held shards. */
-  #lastOthers: ReadonlySet<number> = new Set();
   /**
-   * `takeover: "safe"`: {@linkcode #lastOthers} and {@linkcode #lastHolders} of the tick before
-   * the last: a tick that a bell started right after a handover's unlock sees the shard free,
-   * and the tick before saw it held.
+   * `takeover: "safe"`: what {@linkcode #handedOver} keeps of the last tick's read and of the one
+   * before: a tick that a bell started right after a handover's unlock sees the shard free, and
+   * the tick before saw it held.
    */
-  #prevOthers: ReadonlySet<number> = new Set();
-  #prevHolders: readonly number[] = [];
-  /**
-   * `takeover: "safe"`: the shards this session held at the last tick and the tick before: one
-   * it has since unlocked on purpose (a move, after its term ended) and takes again was held
-   * until then as surely as one seen held by another session.
-   */
-  #lastMine: ReadonlySet<number> = new Set();
-  #prevMine: ReadonlySet<number> = new Set();
-  /**
-   * `takeover: "safe"`: the backend pids of the other member sessions at the last tick and the
-   * tick before, whether they held shards or not: a shard moved to a joiner that held none then
-   * may have passed through it.
-   */
-  #lastMembers: readonly number[] = [];
-  #prevMembers: readonly number[] = [];
-  /** The last tick's view: sessions that held shards without a member lock (leaving members). */
-  #lastLeavers: ReadonlySet<number> = new Set();
+  #lastRead: HandoverRead = NO_READ;
+  #prevRead: HandoverRead = NO_READ;
   /** Backend pids that rang a `left` bell, and when (the member's clock; kept two leases). */
   readonly #leftPids = new Map<number, number>();
-  #lastHolders: readonly number[] = [];
   /** The last tick's view: key2 -> the pid of the other session that held it. */
   #lastHolderOf: ReadonlyMap<number, number> = new Map();
   /** The same by holder (backend pid -> key2 values), from the same read. */
@@ -666,7 +676,8 @@ export class GroupMember {
     }
     const session = this.#owner.session;
     // What an earlier session held was freed by its end, not on purpose (#handedOver).
-    this.#lastMine = this.#prevMine = new Set();
+    this.#lastRead = { ...this.#lastRead, mine: new Set() };
+    this.#prevRead = { ...this.#prevRead, mine: new Set() };
     this.#owner.lost.addEventListener("abort", () => {
       if (this.#owner.session !== session) return;
       // At once, not at the loop's next step: every term's signal aborts as soon as the
@@ -1081,10 +1092,7 @@ export class GroupMember {
         // lease is renewed and that is all (a balanced group's idle tick at 10,000 shards made
         // maps and sets of every shard: about 30 ms of each member's CPU a second).
         this.#observer.renewed(this.#terms.size, this.#lease.deadline);
-        this.#prevOthers = this.#lastOthers;
-        this.#prevHolders = this.#lastHolders;
-        this.#prevMine = this.#lastMine;
-        this.#prevMembers = this.#lastMembers;
+        this.#prevRead = this.#lastRead;
         this.#watcher?.watch(nextInRing(this.#ringMembers!, this.#memberId));
         await sleep(sentAt + healthIntervalMs - clock(), [
           this.#stop.signal,
@@ -1150,13 +1158,6 @@ export class GroupMember {
       const others = new Set(seen.others);
       const memberPids = new Set(seen.members.map((m) => m.pid));
       this.#coverage.noteMembers(seen, this.#tick, sentAt);
-      this.#prevOthers = this.#lastOthers;
-      this.#prevHolders = this.#lastHolders;
-      this.#lastOthers = others;
-      this.#prevMine = this.#lastMine;
-      this.#lastMine = mine;
-      this.#prevMembers = this.#lastMembers;
-      this.#lastMembers = seen.members.flatMap((m) => m.pid === seen.backendPid ? [] : [m.pid]);
       this.#lastHolderOf = seen.holderOf;
       this.#lastHeldBy = seen.heldBy;
       this.#lastMemberPid = new Map(seen.members.map((m) => [m.memberId, m.pid]));
@@ -1167,15 +1168,15 @@ export class GroupMember {
       if (this.#config.takeover !== "safe") {
         this.#notices.view(seen.holderOf, clock(), seen.sameRolePids);
       }
-      const holders: number[] = [];
-      const leavers = new Set<number>();
-      for (const pid of seen.holders) {
-        if (pid === seen.backendPid) continue;
-        if (memberPids.has(pid)) holders.push(pid);
-        else leavers.add(pid);
-      }
-      this.#lastHolders = holders;
-      this.#lastLeavers = leavers;
+      this.#prevRead = this.#lastRead;
+      this.#lastRead = {
+        others,
+        mine,
+        members: seen.members.flatMap((m) => m.pid === seen.backendPid ? [] : [m.pid]),
+        leavers: new Set(
+          [...seen.holders].filter((pid) => pid !== seen.backendPid && !memberPids.has(pid)),
+        ),
+      };
       const free = this.#coverage.noteFree(shards, mine, others, sentAt);
       const assignment = this.#assignLive(seen, new Set(free), mine);
       const target = new Set(assignment.byMember.get(this.#memberId) ?? []);
@@ -2099,9 +2100,9 @@ export class GroupMember {
    * helper-29: the mover announced it again 1.5-1.6 s before that joiner's lease ended).
    */
   async #handedOver(keys: readonly number[]): Promise<Set<number>> {
+    const [last, prev] = [this.#lastRead, this.#prevRead];
     const seenHeld = keys.filter((k) =>
-      this.#lastOthers.has(k) || this.#prevOthers.has(k) || this.#lastMine.has(k) ||
-      this.#prevMine.has(k)
+      last.others.has(k) || prev.others.has(k) || last.mine.has(k) || prev.mine.has(k)
     );
     if (seenHeld.length === 0) return new Set();
     const sentAt = this.#config.clock();
@@ -2112,12 +2113,9 @@ export class GroupMember {
     // was leaving (it leaves first, unlocks after): its unlock is on purpose. So is one whose
     // session rang `left` (the server names the notifying backend): it ended its terms before
     // its leave, even if this member's last tick still saw it a member.
-    const fine = [
-      ...this.#lastHolders,
-      ...this.#prevHolders,
-      ...this.#lastMembers,
-      ...this.#prevMembers,
-    ].every((pid) => alive.has(pid) || this.#lastLeavers.has(pid) || this.#leftRecently(pid));
+    const fine = [...last.members, ...prev.members].every((pid) =>
+      alive.has(pid) || last.leavers.has(pid) || this.#leftRecently(pid)
+    );
     return fine ? new Set(seenHeld) : new Set();
   }
 
