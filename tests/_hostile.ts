@@ -25,6 +25,9 @@ export const TIMINGS = {
 /** One-way latency added to the first leader's connection just before its backend is killed. */
 export const KILL_LATENCY_MS = 30;
 
+/** How long b stays out of the lock queue after its step-down: room for a's retries. */
+const STEP_DOWN_YIELD_MS = 5 * TIMINGS.healthIntervalMs;
+
 /** How long each phase of an election may take before the case fails. */
 export const PHASE_TIMEOUT_MS = 5000;
 
@@ -702,7 +705,10 @@ export async function runElection(
       describe,
     );
     noViolations();
-    await b.stepDown({ timeoutMs: PHASE_TIMEOUT_MS }).catch((error) =>
+    // b stays out of the queue for 5 health intervals: a is granted at once, but on a starved
+    // machine its grant's acknowledgement can miss its short window (the grant fails, a retries
+    // after retryMs), and with the default 100 ms yield b would queue again first and lead again.
+    await b.stepDown({ timeoutMs: PHASE_TIMEOUT_MS, yieldMs: STEP_DOWN_YIELD_MS }).catch((error) =>
       fail(`b.stepDown() rejected: ${error?.name}: ${error?.message}`)
     );
     await waitFor(
