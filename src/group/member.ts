@@ -1495,6 +1495,20 @@ export class GroupMember {
   }
 
   /**
+   * Renews the lease from a statement between two ticks (a try-lock, the safe-mode handover
+   * check) and says so: every renewal is a `renewed` event, so that a listener that keeps the
+   * deadline (the kit's checker ends a frozen member's terms at its last printed one) never
+   * sees the lease end earlier than the member believes it does.
+   */
+  #renewBetweenTicks(sentAt: number): void {
+    const before = this.#lease.deadline;
+    this.#lease.renew(sentAt);
+    if (this.#lease.deadline > before) {
+      this.#observer.renewed(this.#terms.size, this.#lease.deadline);
+    }
+  }
+
+  /**
    * The assignment over the members that lead: a member id whose session has held no shard of the
    * group for `adoptAfterTicks` consecutive ticks while a shard assigned to it was free (an
    * unrelated advisory lock that looks like a member, a forged member lock, a member that cannot
@@ -2007,7 +2021,7 @@ export class GroupMember {
       // whose locks another server connection held, and lost them at each tick's read).
       this.#checkOwnBackend(got.pid, "the member's try-lock of its shards");
       answeredAt = clock();
-      this.#lease.renew(sentAt);
+      this.#renewBetweenTicks(sentAt);
       if (got.token !== undefined) {
         const items = got.shards.map((key2) => ({ key2, token: got.token! }));
         taken.push(...items);
@@ -2107,7 +2121,7 @@ export class GroupMember {
     if (seenHeld.length === 0) return new Set();
     const sentAt = this.#config.clock();
     const now = await this.#observe();
-    this.#lease.renew(sentAt);
+    this.#renewBetweenTicks(sentAt);
     const alive = new Set(now.members.map((m) => m.pid));
     // A member that held shards then and held them without its member lock at the last tick
     // was leaving (it leaves first, unlocks after): its unlock is on purpose. So is one whose
