@@ -276,9 +276,9 @@ export class MembershipChangeEvent extends Event {
 /**
  * Dispatched after every successful ownership check: every shard this member leads is proven
  * held, and the lease of all of them runs to {@linkcode deadline}. Every other statement that
- * extends the lease while the member leads shards (a try-lock of more shards, the safe-mode check
- * before a handed-over shard is announced) dispatches one too: the deadline here is never earlier
- * than the one the member acts on.
+ * extends the lease (a try-lock of more shards, the safe-mode check before a handed-over shard is
+ * announced) dispatches one too, with the shards led at that moment (0 before the first): the
+ * deadline here is never earlier than the one the member acts on.
  */
 export class GroupRenewedEvent extends Event {
   /** The shards proven held (key2 values). */
