@@ -163,6 +163,21 @@ export function leading(member: MemberProcess): number[] {
 export type Queryable = Pick<TestPostgres, "query">;
 
 /**
+ * The backend pid of `member`'s own session (a member's application_name is its name).
+ *
+ * @param server Where to look.
+ * @param member The member process.
+ * @returns The pid (NaN when it has no session).
+ */
+export async function backendOf(server: Queryable, member: MemberProcess): Promise<number> {
+  const [row] = await server.query(
+    `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
+    [member.name],
+  );
+  return Number(row?.pid);
+}
+
+/**
  * One session to the server as the superuser, kept for many reads: `TestPostgres.query()`
  * connects for every statement, and a view read every 20 ms that way (a backend forked and set up
  * each time: 42 ms a read at 10,000 locks) kept a core of the 2 busy while the members it timed
@@ -351,6 +366,21 @@ export function checkShards(
   const reports = new Map<number, CheckReport>();
   for (const [key2, logs] of perShard) reports.set(key2, checkTerms(logs));
   return reports;
+}
+
+/**
+ * Lets every member still running leave, then checks every shard's terms ({@linkcode checkShards}).
+ *
+ * @param members The processes.
+ * @param leaseMs Their lease.
+ * @returns Every violation, as lines (empty when none).
+ */
+export async function leaveAndCheck(
+  members: readonly MemberProcess[],
+  leaseMs: number,
+): Promise<string[]> {
+  await Promise.all(members.filter((m) => m.running).map((m) => m.leave()));
+  return violations(checkShards(members, leaseMs));
 }
 
 /** Every violation of every shard, as lines. */

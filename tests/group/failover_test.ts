@@ -11,6 +11,7 @@ import { startPostgres, startTcpProxy } from "../../testing.ts";
 import { LeaderGroup } from "../../src/group/leader_group.ts";
 import { until } from "../_helpers.ts";
 import {
+  backendOf,
   checkShards,
   isBalanced,
   MemberProcess,
@@ -71,13 +72,6 @@ Deno.test({
       "every shard led by a live member",
       2,
     );
-  const backendOf = async (member: MemberProcess) => {
-    const [row] = await obs.query(
-      `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
-      [member.name],
-    );
-    return Number(row?.pid);
-  };
   /** Waits until `members` member locks are each waited on by a watcher session. */
   const ringClosed = (members: number) =>
     until(
@@ -119,7 +113,7 @@ Deno.test({
     });
 
     await t.step("a SIGKILLed member's shards are led again at once", async () => {
-      const backend = await backendOf(c1);
+      const backend = await backendOf(obs, c1);
       await c1.kill();
       const { at } = await ledByLive([backend]);
       const ms = at - c1.killedAt!;
@@ -136,7 +130,7 @@ Deno.test({
     await t.step(
       "a member whose backend is terminated: its shards are led again at once",
       async () => {
-        const backend = await backendOf(c2);
+        const backend = await backendOf(obs, c2);
         const killedAt = wallNow();
         assert.equal(await pg.terminateBackend(backend), true);
         const { at } = await ledByLive([backend]);
@@ -165,7 +159,7 @@ Deno.test({
           "c3's new watcher session",
         );
         const after = await viewGroup(obs, key1, N);
-        const c3Backend = await backendOf(c3);
+        const c3Backend = await backendOf(obs, c3);
         assert.equal(after.counts.get(c3Backend), view.counts.get(c3Backend), "c3 kept its shards");
       },
     );
@@ -173,7 +167,7 @@ Deno.test({
     await t.step(
       "a member frozen past its lease: its shards are led again at its lease",
       async () => {
-        const backend = await backendOf(c4);
+        const backend = await backendOf(obs, c4);
         c4.freeze();
         const frozenAt = wallNow();
         try {

@@ -17,12 +17,11 @@ import {
 } from "../../src/group/protocol.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
 import {
-  checkShards,
   isBalanced,
   leading,
+  leaveAndCheck,
   MemberProcess,
   type MemberRecord,
-  violations,
   waitForView,
   wallNow,
 } from "./_harness.ts";
@@ -219,8 +218,7 @@ Deno.test({
       },
     );
 
-    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
-    assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
+    assert.deepEqual(await leaveAndCheck(all, LEASE_MS), []);
   } finally {
     await Promise.all(all.map((m) => m.dispose()));
   }
@@ -276,8 +274,7 @@ Deno.test({
     await assertSettled([b, c], cShards, terminatedAt);
     forging = false;
     await flood;
-    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
-    assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
+    assert.deepEqual(await leaveAndCheck(all, LEASE_MS), []);
   } finally {
     forging = false;
     await flood.catch(() => {});
@@ -355,8 +352,7 @@ Deno.test({
     c.thaw();
     await notify(600);
     await assertSettled([a, c], cShards, terminatedAt);
-    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
-    assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
+    assert.deepEqual(await leaveAndCheck(all, LEASE_MS), []);
   } finally {
     await Promise.all(foreign.map((f) => f.end().catch(() => {})));
     await Promise.all(all.map((m) => m.dispose()));
@@ -397,8 +393,7 @@ Deno.test({
     const leftAt = wallNow();
     await b.leave();
     await assertSettled([a], theirs, leftAt);
-    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
-    assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
+    assert.deepEqual(await leaveAndCheck(all, LEASE_MS), []);
   } finally {
     await Promise.all(all.map((m) => m.dispose()));
   }

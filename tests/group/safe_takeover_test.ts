@@ -11,8 +11,10 @@ import assert from "node:assert/strict";
 import { startPostgres, type TestPostgres } from "../../testing.ts";
 import { LeaderGroup } from "../../src/group/leader_group.ts";
 import {
+  backendOf,
   checkShards,
   isBalanced,
+  leaveAndCheck,
   MemberProcess,
   type MemberRecord,
   violations,
@@ -79,15 +81,6 @@ function safeOptions(dsn: string, key1: number, timings: Record<string, number> 
     takeover: "safe",
     ...timings,
   };
-}
-
-/** The backend pid of `member`'s own session (its application_name is its name). */
-async function backendOf(pg: TestPostgres, member: MemberProcess): Promise<number> {
-  const [row] = await pg.query(
-    `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
-    [member.name],
-  );
-  return Number(row?.pid);
 }
 
 /** Waits until the group of `members` over N shards is balanced and every shard announced. */
@@ -363,8 +356,7 @@ Deno.test({
     } finally {
       d3.thaw();
     }
-    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
-    assert.deepEqual(violations(checkShards(all, LEASE_MS)), []);
+    assert.deepEqual(await leaveAndCheck(all, LEASE_MS), []);
   } finally {
     await Promise.all(all.map((m) => m.dispose()));
   }
@@ -459,8 +451,7 @@ Deno.test({
     } finally {
       joiner.thaw();
     }
-    await Promise.all(all.filter((m) => m.running).map((m) => m.leave()));
-    assert.deepEqual(violations(checkShards(all, options.leaseMs)), []);
+    assert.deepEqual(await leaveAndCheck(all, options.leaseMs), []);
   } finally {
     await Promise.all(all.map((m) => m.dispose()));
   }

@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { startPostgres, type TestPostgres } from "../../testing.ts";
 import { bellChannel, memberKey } from "../../src/group/protocol.ts";
 import { PgClient } from "../../src/testing/_pg.ts";
-import { isBalanced, MemberProcess, viewGroup, waitForView } from "./_harness.ts";
+import { backendOf, isBalanced, MemberProcess, viewGroup, waitForView } from "./_harness.ts";
 
 const N = 12;
 /** A health interval far above what a takeover takes: only the watcher can be this fast. */
@@ -43,15 +43,6 @@ function threeMembers(
       await Promise.all(all.map((m) => m.dispose()));
     },
   };
-}
-
-/** The backend pid of a member process's own session. */
-async function backendOf(pg: TestPostgres, member: MemberProcess): Promise<number> {
-  const [row] = await pg.query(
-    `SELECT pid FROM pg_stat_activity WHERE application_name = $1`,
-    [member.name],
-  );
-  return Number(row?.pid);
 }
 
 /** Whether a watcher session waits on the member lock of `memberId` (its end grants it). */
