@@ -73,6 +73,8 @@ export {
   type CheckReport,
   checkServerClean,
   type CheckServerCleanOptions,
+  checkShardTerms,
+  type CheckShardTermsOptions,
   checkTerms,
   type CheckTermsOptions,
   formatViolations,

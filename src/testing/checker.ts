@@ -57,6 +57,11 @@ export interface CandidateRecord {
   readonly signal?: string;
   /** When the harness read the line (its own clock of the same kind), if it recorded that. */
   readonly receivedAt?: number;
+  /**
+   * For a LeaderGroup member's `acquired`, `released` and `lost` lines: the shard
+   * ({@linkcode checkShardTerms}).
+   */
+  readonly key2?: number;
 }
 
 /** A freeze (SIGSTOP) of a candidate process and its thaw (SIGCONT). */
@@ -404,6 +409,134 @@ export function checkTerms(
     clockSkewMs: skew,
     maxLeaderlessMs: maxLeaderless,
   };
+}
+
+/** Options of {@linkcode checkShardTerms}: {@linkcode CheckTermsOptions}, checked per shard. */
+export interface CheckShardTermsOptions extends CheckTermsOptions {
+  /**
+   * The group's shard count N. With it every shard 0..N-1 gets a report, also one that no member
+   * ever led (with `maxLeaderlessMs`, a `leaderless` violation over the whole window).
+   *
+   * @default {only the shards some member printed a line about}
+   */
+  readonly shards?: number;
+}
+
+/**
+ * Checks a LeaderGroup's terms shard by shard, from what its member processes printed: per shard,
+ * no two terms overlap and tokens increase ({@linkcode checkTerms}'s rules, and with
+ * `maxLeaderlessMs` its liveness bound, on one window for every shard).
+ *
+ * A member prints `acquired`, `released` and `lost` lines with `key2` and `token` (the events'
+ * `key2` and `fencingToken`), `lease` lines with `until` and no token (`GroupRenewedEvent`'s
+ * deadline on the shared wall clock: the lease of every shard it leads), and `stopped`. A member's
+ * lease is renewed by the statement that takes shards, before the settle and the `acquired` line:
+ * so a term starts under the member's last printed deadline, and a member frozen before its next
+ * `lease` line is held to that deadline, not just to the moment it froze. A `stopped` line ends
+ * every shard term still open; printed before the member's `stopRequestedAt` (or without one), it
+ * is a `stopped-unasked` violation of each shard the member led then. An exit (`exitedAt`) is not
+ * checked here: {@linkcode checkTerms} of the members' own logs does not apply to them.
+ *
+ * @example A frozen member's shard led again before its lease ended
+ * ```ts
+ * import { checkShardTerms } from "@x/pgleaderlock/testing";
+ * import { deepEqual } from "node:assert/strict";
+ *
+ * const reports = checkShardTerms([
+ *   {
+ *     name: "a",
+ *     leaseMs: 2000,
+ *     freezes: [{ from: 100, to: 5000 }],
+ *     records: [
+ *       { type: "lease", t: 0, until: 1800 },
+ *       { type: "acquired", t: 10, key2: 7, token: "5" },
+ *       { type: "lost", t: 5001, key2: 7, token: "5", reason: "lease-expired" }, // on resume
+ *     ],
+ *   },
+ *   { name: "b", records: [{ type: "acquired", t: 500, key2: 7, token: "6" }] },
+ * ]);
+ * deepEqual(reports.get(7)?.violations.map((v) => v.kind), ["overlap"]);
+ * ```
+ *
+ * @param logs One entry per member process (its `leaseMs`, freezes and kill as for a candidate).
+ * @param options The liveness bound, the excused intervals, the window and the shard count.
+ * @returns One report per shard.
+ * @throws {RangeError} When `maxLeaderlessMs` is negative or NaN, or `shards` is not an integer
+ *   >= 1.
+ */
+export function checkShardTerms(
+  logs: readonly CandidateLog[],
+  options: CheckShardTermsOptions = {},
+): Map<number, CheckReport> {
+  const { shards, ...termOptions } = options;
+  if (shards !== undefined && !(Number.isInteger(shards) && shards >= 1)) {
+    throw new RangeError(
+      `Cannot check shard terms as 'shards' must be an integer >= 1: current value is ${shards}`,
+    );
+  }
+  const bound = termOptions.maxLeaderlessMs ?? Infinity;
+  if (!(bound >= 0)) {
+    throw new RangeError(
+      `Cannot check shard terms as 'maxLeaderlessMs' must be a number >= 0: current value is ${bound}`,
+    );
+  }
+  // One window for every shard, from the members' own lines (a shard's lines have no `ready`).
+  const window = observedWindow(logs, termOptions);
+  const shardOptions = window === undefined ? termOptions : { ...termOptions, ...window };
+  const perShard = new Map<number, CandidateLog[]>();
+  for (let key2 = 0; key2 < (shards ?? 0); key2++) perShard.set(key2, []);
+  for (const log of logs) {
+    for (const [key2, records] of recordsByShard(log.records)) {
+      let list = perShard.get(key2);
+      if (!list) perShard.set(key2, list = []);
+      list.push({
+        name: log.name,
+        records,
+        killedAt: log.killedAt,
+        freezes: log.freezes,
+        leaseMs: log.leaseMs,
+        stopRequestedAt: log.stopRequestedAt,
+      });
+    }
+  }
+  const reports = new Map<number, CheckReport>();
+  for (const [key2, shardLogs] of perShard) reports.set(key2, checkTerms(shardLogs, shardOptions));
+  return reports;
+}
+
+/**
+ * One member's lines split per shard: its `acquired`/`released`/`lost` lines to their shard, each
+ * `lease` line to every shard open then (with that term's token), `stopped` to every open shard;
+ * an `acquired` line under a deadline printed before it gets that deadline as a lease line.
+ */
+function recordsByShard(records: readonly CandidateRecord[]): Map<number, CandidateRecord[]> {
+  const byShard = new Map<number, CandidateRecord[]>();
+  const open = new Map<number, string>();
+  const push = (key2: number, record: CandidateRecord) => {
+    let list = byShard.get(key2);
+    if (!list) byShard.set(key2, list = []);
+    list.push(record);
+  };
+  let until: number | undefined;
+  for (const r of records) {
+    if (r.type === "acquired" || r.type === "released" || r.type === "lost") {
+      if (typeof r.key2 !== "number") continue;
+      push(r.key2, r);
+      if (r.type === "acquired" && r.token !== undefined) {
+        open.set(r.key2, r.token);
+        if (until !== undefined && until > r.t) {
+          push(r.key2, { type: "lease", t: r.t, until, token: r.token });
+        }
+      } else if (r.type !== "acquired") open.delete(r.key2);
+    } else if (r.type === "lease") {
+      if (typeof r.until === "number") until = Math.max(until ?? -Infinity, r.until);
+      for (const [key2, token] of open) push(key2, { ...r, token });
+    } else if (r.type === "stopped") {
+      for (const key2 of open.keys()) push(key2, r);
+      open.clear();
+    }
+  }
+  return byShard;
 }
 
 /**

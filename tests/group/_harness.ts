@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { type CandidateLog, type CandidateRecord, checkTerms } from "../../testing.ts";
+import { type CandidateRecord, checkShardTerms } from "../../testing.ts";
 import type { CheckReport, FreezeInterval } from "../../src/testing/checker.ts";
 import type { TestPostgres } from "../../testing.ts";
 import { wallNow } from "../../src/testing/_wall_clock.ts";
@@ -308,8 +308,8 @@ export async function waitForView(
 }
 
 /**
- * Splits every member's records per shard (lease lines go to every shard held at the time) and
- * runs the kit's checker on each shard: no two terms of a shard overlap, tokens increase.
+ * The kit's per-shard check ({@linkcode checkShardTerms}) on the members' records: no two terms of
+ * a shard overlap, tokens increase, a term holds to the lease deadline its member printed before it.
  *
  * @param members The processes.
  * @param leaseMs Their lease.
@@ -319,53 +319,15 @@ export function checkShards(
   members: readonly Pick<MemberProcess, "name" | "records" | "killedAt" | "freezes">[],
   leaseMs: number,
 ): Map<number, CheckReport> {
-  const perShard = new Map<number, CandidateLog[]>();
-  for (const member of members) {
-    const byShard = new Map<number, CandidateRecord[]>();
-    const open = new Map<number, string>();
-    const push = (key2: number, record: CandidateRecord) => {
-      let list = byShard.get(key2);
-      if (!list) byShard.set(key2, list = []);
-      list.push(record);
-    };
-    // The member's lease deadline as last printed: a term starts under it. The lease is renewed
-    // at the try-lock, before the settle and the `acquired` line; without it, a member frozen
-    // before its next tick's line had a term with no deadline, which the checker ends at the
-    // freeze (helper-32: an early announcement 1.5-1.7 s before such a term's lease ended, in 20
-    // of 24 runs of a safe-mode bug, went unreported).
-    let until: number | undefined;
-    for (const r of member.records) {
-      if (r.type === "acquired" || r.type === "released" || r.type === "lost") {
-        push(r.key2!, r);
-        if (r.type === "acquired") {
-          open.set(r.key2!, r.token!);
-          if (until !== undefined && until > r.t) {
-            push(r.key2!, { type: "lease", t: r.t, until, token: r.token! });
-          }
-        } else open.delete(r.key2!);
-      } else if (r.type === "lease") {
-        if (typeof r.until === "number") until = Math.max(until ?? -Infinity, r.until);
-        for (const [key2, token] of open) push(key2, { ...r, token });
-      } else if (r.type === "stopped") {
-        for (const key2 of open.keys()) push(key2, r);
-        open.clear();
-      }
-    }
-    for (const [key2, records] of byShard) {
-      let logs = perShard.get(key2);
-      if (!logs) perShard.set(key2, logs = []);
-      logs.push({
-        name: member.name,
-        records,
-        killedAt: member.killedAt,
-        freezes: member.freezes,
-        leaseMs,
-      });
-    }
-  }
-  const reports = new Map<number, CheckReport>();
-  for (const [key2, logs] of perShard) reports.set(key2, checkTerms(logs));
-  return reports;
+  return checkShardTerms(
+    members.map(({ name, records, killedAt, freezes }) => ({
+      name,
+      records,
+      killedAt,
+      freezes,
+      leaseMs,
+    })),
+  );
 }
 
 /**

@@ -1,0 +1,135 @@
+/**
+ * A member shut down while its takeover's try-locks are in flight: woken by its watcher at a
+ * member's death, it sends its take to its own session, whose backend is frozen; SIGTERM comes
+ * before the answer. The take's shards are granted after the shutdown began, and after the leave
+ * statement when the take has two statements: they must never be announced, must not be named in
+ * its handover notices (their next holder would skip the settle), and must not stay locked. The
+ * third member then leads every shard, and the kit's checker finds no overlap.
+ *
+ * @module
+ */
+import assert from "node:assert/strict";
+import { startPostgres, type TestPostgres } from "../../testing.ts";
+import { memberKey } from "../../src/group/protocol.ts";
+import { wallNow } from "../../src/testing/_wall_clock.ts";
+import { backendOf, isBalanced, leaveAndCheck, MemberProcess, waitForView } from "./_harness.ts";
+
+/** 600 shards each: a takeover of one member's share takes two try-lock statements (over 512). */
+const N = 1800;
+/** Far above a takeover: the watcher, not a tick, starts the take. */
+const HEALTH_MS = 3000;
+const LEASE_MS = 6000;
+const SETTLE_MS = 50;
+
+/** The name of the member whose watcher session waits on `memberId`'s member lock, if any. */
+async function watcherOf(
+  pg: TestPostgres,
+  key1: number,
+  memberId: number,
+): Promise<string | undefined> {
+  const [row] = await pg.query(
+    `SELECT a.application_name AS name
+       FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND $2::bool = l.granted
+        AND ((l.classid::int8 << 32) | l.objid::int8) = $1::int8`,
+    [memberKey(key1, memberId), false],
+  );
+  return row === undefined ? undefined : String(row.name).replace(/:watcher$/, "");
+}
+
+/** Whether a watcher session (not a member's own) holds `memberId`'s member lock. */
+async function grantedToWatcher(pg: TestPostgres, key1: number, memberId: number) {
+  return (await pg.query(
+    `SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+        AND a.application_name LIKE '%:watcher'
+        AND ((l.classid::int8 << 32) | l.objid::int8) = $1::int8`,
+    [memberKey(key1, memberId)],
+  )).length > 0;
+}
+
+async function until(check: () => Promise<boolean>, timeoutMs: number, what: string) {
+  for (const end = performance.now() + timeoutMs; !(await check());) {
+    assert.ok(performance.now() < end, `timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 10));
+  }
+}
+
+for (const takeover of ["fast", "safe"] as const) {
+  Deno.test({
+    name: `A member SIGTERMed while its takeover's try-locks wait on its frozen backend never ` +
+      `announces them and leaves none locked (takeover "${takeover}")`,
+    sanitizeResources: false,
+    sanitizeOps: false,
+  }, async () => {
+    await using pg = await startPostgres();
+    const key1 = takeover === "fast" ? 6161 : 6262;
+    const options = {
+      dsn: pg.dsn,
+      key1,
+      shards: N,
+      healthIntervalMs: HEALTH_MS,
+      leaseMs: LEASE_MS,
+      settleMs: SETTLE_MS,
+      takeover,
+    };
+    const all = ["d1", "d2", "d3"].map((name) =>
+      new MemberProcess(name, { ...options, identity: name, quiet: false })
+    );
+    try {
+      await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 60_000, "3 balanced");
+      const victim = all[0]!;
+      const victimId = victim.records.find((r) => r.type === "ready")?.memberId;
+      assert.ok(victimId !== undefined, "the victim's member id");
+      // Its watcher (a member moves its watcher after a grace: wait until one waits on it).
+      let takerName: string | undefined;
+      await until(
+        async () => (takerName = await watcherOf(pg, key1, victimId)) !== undefined,
+        20_000,
+        "a watcher waiting on the victim's member lock",
+      );
+      const taker = all.find((m) => m.name === takerName)!;
+      const third = all.find((m) => m !== victim && m !== taker)!;
+      const takerBackend = await backendOf(pg, taker);
+      const thirdBackend = await backendOf(pg, third);
+
+      await pg.freezeBackend(takerBackend);
+      let stopAt: number;
+      try {
+        await victim.kill();
+        // The taker's watcher (its other session, not frozen) is granted the member lock: the
+        // take is sent at once, to the frozen backend.
+        await until(() => grantedToWatcher(pg, key1, victimId), 5000, "the watcher's grant");
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        stopAt = wallNow();
+        taker.signal("SIGTERM");
+        await new Promise((resolve) => setTimeout(resolve, 300));
+      } finally {
+        await pg.thawBackend(takerBackend);
+      }
+      await taker.exited();
+
+      // Nothing announced after the shutdown began.
+      const late = taker.records.filter((r) => r.type === "acquired" && r.t >= stopAt);
+      assert.deepEqual(late.map((r) => r.key2), [], "shards the taker announced after SIGTERM");
+      // The third member leads every shard, and nobody else holds one.
+      await waitForView(
+        pg,
+        key1,
+        N,
+        (v) => v.unowned === 0 && v.counts.get(thirdBackend) === N,
+        30_000,
+        "every shard led by the third member",
+        10,
+      );
+      assert.deepEqual(await leaveAndCheck(all, LEASE_MS), []);
+      const left = await pg.query(
+        `SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid`,
+        [key1],
+      );
+      assert.equal(left[0]!.n, 0, "advisory locks of the group left after every member left");
+    } finally {
+      await Promise.all(all.map((m) => m.dispose()));
+    }
+  });
+}
