@@ -1938,7 +1938,9 @@ export class GroupMember {
       !this.#terms.has(k) && !this.#outwaiting.has(k) && !this.#draining.has(k)
     );
     this.#untried = new Set();
-    if (todo.length === 0) return [];
+    // A member shutting down takes nothing more: its leave is queued in the session's turn, and
+    // shards granted after it would stay locked, unannounced, until its close.
+    if (todo.length === 0 || this.#stop.signal.aborted) return [];
     if (this.#fullSince !== undefined && this.#tick - this.#fullSince < FULL_RETRY_TICKS) return [];
     const { key1, settleMs, clock } = this.#config;
     const chunks: number[][] = [];
@@ -2032,7 +2034,7 @@ export class GroupMember {
       // starting over 10,000 shards: the first took all for 860 ms while the others joined).
       // Or a member went: the takeover of its shards goes first.
       const yieldNow = yielding && (this.#joinHeard || this.#gone !== undefined);
-      const next = yieldNow ? undefined : chunks.shift();
+      const next = yieldNow || this.#stop.signal.aborted ? undefined : chunks.shift();
       if (next !== undefined) request = send(next);
       else if (chunks.length > 0) this.#untried = new Set(chunks.flat());
       announceDue();
