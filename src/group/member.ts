@@ -1938,8 +1938,9 @@ export class GroupMember {
       !this.#terms.has(k) && !this.#outwaiting.has(k) && !this.#draining.has(k)
     );
     this.#untried = new Set();
-    // A member shutting down takes nothing more: its leave is queued in the session's turn, and
-    // shards granted after it would stay locked, unannounced, until its close.
+    // A member shutting down takes nothing more: its leave waits for the take in flight to
+    // return, and each further statement delayed it by a round trip (the shards it took were
+    // unlocked by the leave, never announced).
     if (todo.length === 0 || this.#stop.signal.aborted) return [];
     if (this.#fullSince !== undefined && this.#tick - this.#fullSince < FULL_RETRY_TICKS) return [];
     const { key1, settleMs, clock } = this.#config;

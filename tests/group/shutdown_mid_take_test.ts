@@ -2,10 +2,11 @@
  * A member shut down while its takeover's try-locks are in flight: woken by its watcher at a
  * member's death, it sends its take (two try-lock statements: 330 and 270 shards) to its own
  * session, whose backend is frozen; SIGTERM comes before the first answer. That statement's shards
- * are granted after the shutdown began: they must never be announced, must not be named in its
- * handover notices (their next holder would skip the settle), and must not stay locked; the second
- * statement is not sent. The third member then leads every shard, and the kit's checker finds no
- * overlap.
+ * are granted after the shutdown began: they must never be announced (the face drops an
+ * announcement once shutdown() was called, and the member announces nothing once stopped) and must
+ * not stay locked after the member left. The third member then leads every shard, the kit's
+ * checker finds no overlap, and no lock of the group is left. (Since d6e4d13 the second statement
+ * is not sent at all: a trace showed it sent after the SIGTERM before; this test passed then too.)
  *
  * @module
  */
