@@ -463,6 +463,8 @@ export interface CheckShardTermsOptions extends CheckTermsOptions {
  * @returns One report per shard.
  * @throws {RangeError} When `maxLeaderlessMs` is negative or NaN, or `shards` is not an integer
  *   >= 1.
+ * @throws {TypeError} When an `acquired`, `released` or `lost` line has no integer `key2`, or a
+ *   `lease` line no numeric `until` (skipped, such a line would hide terms from the check).
  */
 export function checkShardTerms(
   logs: readonly CandidateLog[],
@@ -486,7 +488,7 @@ export function checkShardTerms(
   const perShard = new Map<number, CandidateLog[]>();
   for (let key2 = 0; key2 < (shards ?? 0); key2++) perShard.set(key2, []);
   for (const log of logs) {
-    for (const [key2, records] of recordsByShard(log.records)) {
+    for (const [key2, records] of recordsByShard(log)) {
       let list = perShard.get(key2);
       if (!list) perShard.set(key2, list = []);
       list.push({
@@ -509,7 +511,8 @@ export function checkShardTerms(
  * `lease` line to every shard open then (with that term's token), `stopped` to every open shard;
  * an `acquired` line under a deadline printed before it gets that deadline as a lease line.
  */
-function recordsByShard(records: readonly CandidateRecord[]): Map<number, CandidateRecord[]> {
+function recordsByShard(log: CandidateLog): Map<number, CandidateRecord[]> {
+  const { name, records } = log;
   const byShard = new Map<number, CandidateRecord[]>();
   const open = new Map<number, string>();
   const push = (key2: number, record: CandidateRecord) => {
@@ -518,18 +521,28 @@ function recordsByShard(records: readonly CandidateRecord[]): Map<number, Candid
     list.push(record);
   };
   let until: number | undefined;
-  for (const r of records) {
+  for (const [i, r] of records.entries()) {
     if (r.type === "acquired" || r.type === "released" || r.type === "lost") {
-      if (typeof r.key2 !== "number") continue;
-      push(r.key2, r);
+      // Skipped, a line without its shard would hide that shard's terms from every check.
+      if (!Number.isInteger(r.key2)) {
+        throw new TypeError(
+          `Cannot check shard terms as ${name}'s record ${i} (${r.type}) has no integer 'key2': current value is ${r.key2}`,
+        );
+      }
+      push(r.key2!, r);
       if (r.type === "acquired" && r.token !== undefined) {
-        open.set(r.key2, r.token);
+        open.set(r.key2!, r.token);
         if (until !== undefined && until > r.t) {
-          push(r.key2, { type: "lease", t: r.t, until, token: r.token });
+          push(r.key2!, { type: "lease", t: r.t, until, token: r.token });
         }
-      } else if (r.type !== "acquired") open.delete(r.key2);
+      } else if (r.type !== "acquired") open.delete(r.key2!);
     } else if (r.type === "lease") {
-      if (typeof r.until === "number") until = Math.max(until ?? -Infinity, r.until);
+      if (typeof r.until !== "number") {
+        throw new TypeError(
+          `Cannot check shard terms as ${name}'s record ${i} (lease) has no numeric 'until': current value is ${r.until}`,
+        );
+      }
+      until = Math.max(until ?? -Infinity, r.until);
       for (const [key2, token] of open) push(key2, { ...r, token });
     } else if (r.type === "stopped") {
       for (const key2 of open.keys()) push(key2, r);

@@ -118,3 +118,18 @@ Deno.test("checkShardTerms() refuses a shard count that is not a positive intege
   }
   throws(() => checkShardTerms([], { maxLeaderlessMs: -1 }), /'maxLeaderlessMs' must be/);
 });
+
+Deno.test("checkShardTerms() refuses a member line without its shard, or a lease line without its deadline, naming the member", () => {
+  throws(
+    () => checkShardTerms([{ name: "m1", records: [{ type: "acquired", t: T, token: "3" }] }]),
+    /m1's record 0 \(acquired\) has no integer 'key2'/,
+  );
+  throws(
+    () =>
+      checkShardTerms([{
+        name: "m2",
+        records: [shard("acquired", T, 1, 3), { type: "lease", t: T + 1 }],
+      }]),
+    /m2's record 1 \(lease\) has no numeric 'until'/,
+  );
+});
