@@ -12,7 +12,6 @@
  */
 import assert from "node:assert/strict";
 import { startPostgres, type TestPostgres } from "../../testing.ts";
-import { memberKey } from "../../src/group/protocol.ts";
 import { wallNow } from "../../src/testing/_wall_clock.ts";
 import { backendOf, isBalanced, leaveAndCheck, MemberProcess, waitForView } from "./_harness.ts";
 
@@ -23,18 +22,20 @@ const HEALTH_MS = 3000;
 const LEASE_MS = 6000;
 const SETTLE_MS = 50;
 
-/** The name of the member whose watcher session waits on `memberId`'s member lock, if any. */
-async function watcherOf(
-  pg: TestPostgres,
-  key1: number,
-  memberId: number,
-): Promise<string | undefined> {
+/**
+ * The name of the member whose watcher session waits on the member lock that backend `pid` holds,
+ * if any. By the lock the server shows, not by the member id of the `ready` line: in safe mode a
+ * member counted absent at the start joins again under a new id (attack helper-34).
+ */
+async function watcherOf(pg: TestPostgres, pid: number): Promise<string | undefined> {
   const [row] = await pg.query(
     `SELECT a.application_name AS name
-       FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-      WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND $2::bool = l.granted
-        AND ((l.classid::int8 << 32) | l.objid::int8) = $1::int8`,
-    [memberKey(key1, memberId), false],
+       FROM pg_locks h
+       JOIN pg_locks w ON w.locktype = 'advisory' AND w.classid = h.classid
+                      AND w.objid = h.objid AND w.objsubid = 1 AND NOT w.granted
+       JOIN pg_stat_activity a ON a.pid = w.pid
+      WHERE h.locktype = 'advisory' AND h.objsubid = 1 AND h.granted AND h.pid = $1`,
+    [pid],
   );
   return row === undefined ? undefined : String(row.name).replace(/:watcher$/, "");
 }
@@ -75,19 +76,17 @@ for (const takeover of ["fast", "safe"] as const) {
     try {
       await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 60_000, "3 balanced");
       const victim = all[0]!;
-      const victimId = victim.records.find((r) => r.type === "ready")?.memberId;
-      assert.ok(victimId !== undefined, "the victim's member id");
+      const victimBackend = await backendOf(pg, victim);
       // Its watcher (a member moves its watcher after a grace: wait until one waits on it).
       let takerName: string | undefined;
       await until(
-        async () => (takerName = await watcherOf(pg, key1, victimId)) !== undefined,
+        async () => (takerName = await watcherOf(pg, victimBackend)) !== undefined,
         20_000,
         "a watcher waiting on the victim's member lock",
       );
       const taker = all.find((m) => m.name === takerName)!;
       const third = all.find((m) => m !== victim && m !== taker)!;
       const takerBackend = await backendOf(pg, taker);
-      const victimBackend = await backendOf(pg, victim);
       const thirdBackend = await backendOf(pg, third);
 
       await pg.freezeBackend(takerBackend);
