@@ -178,6 +178,24 @@ export async function backendOf(server: Queryable, member: MemberProcess): Promi
 }
 
 /**
+ * The member id `member` holds its member lock under now, by the server's pg_locks (a member
+ * counted absent joins again under a new id: the `ready` line's may be stale).
+ *
+ * @param server Where to look.
+ * @param member The member process.
+ * @returns The member id (NaN when it holds no member lock).
+ */
+export async function memberIdOf(server: Queryable, member: MemberProcess): Promise<number> {
+  const [row] = await server.query(
+    `SELECT l.objid::int8 AS id
+       FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE a.application_name = $1 AND l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted`,
+    [member.name],
+  );
+  return Number(row?.id);
+}
+
+/**
  * One session to the server as the superuser, kept for many reads: `TestPostgres.query()`
  * connects for every statement, and a view read every 20 ms that way (a backend forked and set up
  * each time: 42 ms a read at 10,000 locks) kept a core of the 2 busy while the members it timed
