@@ -319,12 +319,8 @@ export function checkTerms(
   logs: readonly CandidateLog[],
   options: CheckTermsOptions = {},
 ): CheckReport {
-  const { maxLeaderlessMs: bound = Infinity, excused = [] } = options;
-  if (!(bound >= 0)) {
-    throw new RangeError(
-      `Cannot check terms as 'maxLeaderlessMs' must be a number >= 0: current value is ${bound}`,
-    );
-  }
+  const { excused = [] } = options;
+  const bound = leaderlessBound(options, "terms");
   const terms: ObservedTerm[] = [];
   const violations: Violation[] = [];
   const notes: string[] = [];
@@ -476,12 +472,7 @@ export function checkShardTerms(
       `Cannot check shard terms as 'shards' must be an integer >= 1: current value is ${shards}`,
     );
   }
-  const bound = termOptions.maxLeaderlessMs ?? Infinity;
-  if (!(bound >= 0)) {
-    throw new RangeError(
-      `Cannot check shard terms as 'maxLeaderlessMs' must be a number >= 0: current value is ${bound}`,
-    );
-  }
+  leaderlessBound(termOptions, "shard terms");
   // One window for every shard, from the members' own lines (a shard's lines have no `ready`).
   const window = observedWindow(logs, termOptions);
   const shardOptions = window === undefined ? termOptions : { ...termOptions, ...window };
@@ -504,6 +495,17 @@ export function checkShardTerms(
   const reports = new Map<number, CheckReport>();
   for (const [key2, shardLogs] of perShard) reports.set(key2, checkTerms(shardLogs, shardOptions));
   return reports;
+}
+
+/** `maxLeaderlessMs` of `options`, checked: a number >= 0 (Infinity when not given). */
+function leaderlessBound(options: CheckTermsOptions, what: string): number {
+  const { maxLeaderlessMs: bound = Infinity } = options;
+  if (!(bound >= 0)) {
+    throw new RangeError(
+      `Cannot check ${what} as 'maxLeaderlessMs' must be a number >= 0: current value is ${bound}`,
+    );
+  }
+  return bound;
 }
 
 /**

@@ -17,7 +17,6 @@ export { wallNow };
 
 /** A member record as printed by `_member.ts`. */
 export type MemberRecord = CandidateRecord & {
-  readonly key2?: number;
   readonly memberId?: number;
   readonly members?: number;
 };

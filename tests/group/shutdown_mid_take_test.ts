@@ -13,6 +13,7 @@
 import assert from "node:assert/strict";
 import { startPostgres, type TestPostgres } from "../../testing.ts";
 import { wallNow } from "../../src/testing/_wall_clock.ts";
+import { until } from "../_helpers.ts";
 import { backendOf, isBalanced, leaveAndCheck, MemberProcess, waitForView } from "./_harness.ts";
 
 /** 600 shards each: a takeover of one member's share takes two try-lock statements (over 512). */
@@ -45,13 +46,6 @@ async function alive(pg: TestPostgres, pid: number): Promise<boolean> {
   return (await pg.query(`SELECT 1 FROM pg_stat_activity WHERE pid = $1`, [pid])).length > 0;
 }
 
-async function until(check: () => Promise<boolean>, timeoutMs: number, what: string) {
-  for (const end = performance.now() + timeoutMs; !(await check());) {
-    assert.ok(performance.now() < end, `timed out waiting for ${what}`);
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-}
-
 for (const takeover of ["fast", "safe"] as const) {
   Deno.test({
     name: `A member SIGTERMed while its takeover's try-locks wait on its frozen backend never ` +
@@ -71,7 +65,7 @@ for (const takeover of ["fast", "safe"] as const) {
       takeover,
     };
     const all = ["d1", "d2", "d3"].map((name) =>
-      new MemberProcess(name, { ...options, identity: name, quiet: false })
+      new MemberProcess(name, { ...options, identity: name })
     );
     try {
       await waitForView(pg, key1, N, (v) => isBalanced(v, N, 3), 60_000, "3 balanced");
